@@ -1,0 +1,43 @@
+/**
+ * Single-writer leases over NATS JetStream KV, with fencing epochs.
+ *
+ * Each store key gets a lease in a KV bucket: the entry's value is the
+ * holder's node id, its revision the fencing epoch, the bucket's TTL the
+ * lease TTL. {@linkcode LeaseManager.guard} runs a write only after a
+ * compare-and-set confirmed this node holds the key, and refuses it when the
+ * server cannot be reached.
+ *
+ * @example Guard writes to a store
+ * ```ts ignore
+ * import { connect } from "@nats-io/transport-node";
+ * import { createLeaseManager, NotHolderError } from "@nats-lease/lease";
+ *
+ * const nc = await connect({ servers: "127.0.0.1:4222" });
+ * const controller = new AbortController();
+ * const leases = await createLeaseManager({ nc, node: "node-a", signal: controller.signal });
+ * try {
+ *   await leases.guard("orders", ({ epoch }) => console.log("append at epoch", epoch));
+ * } catch (err) {
+ *   if (!(err instanceof NotHolderError)) throw err;
+ *   console.log("another node writes orders:", err.holder);
+ * }
+ * controller.abort(); // releases the lease for the next node
+ * await leases.close();
+ * await nc.close();
+ * ```
+ *
+ * @module
+ */
+
+export {
+  createLeaseManager,
+  DEFAULT_TTL,
+  type GuardOptions,
+  type Holder,
+  type Lease,
+  type LeaseManager,
+  type LeaseManagerOptions,
+  MIN_TTL,
+  NotHolderError,
+  UnavailableError,
+} from "./lease.ts";
