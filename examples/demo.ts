@@ -1,0 +1,315 @@
+/**
+ * The demo: three nodes contend for one store key, and the timeline shows
+ * who writes, at which epoch, what happens when the holder crashes, and what
+ * happens when it shuts down cleanly.
+ *
+ *     bash scripts/demo.sh                        # installs what is missing, then runs this
+ *     deno run -A examples/demo.ts                # starts its own nats-server
+ *     NATS_URL=nats://host:4222 deno run -A examples/demo.ts
+ *
+ * Each node is a separate process (demo_node.ts) with its own connection, so
+ * a crash can be a real one: SIGKILL, after which nothing is released and
+ * the others must wait for the lease to expire. It also runs under Node 24
+ * (`node examples/demo.ts`) and Bun (`bun examples/demo.ts`).
+ *
+ * @module
+ */
+
+import { type ChildProcess, spawn } from "node:child_process";
+import process from "node:process";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { connect } from "@nats-io/transport-node";
+import { Kvm } from "@nats-io/kv";
+import { NatsServer } from "../test_util/nats_server.ts";
+
+const TTL = 1_000; // what demo_node.ts uses
+const KEY = "orders";
+const NODES = ["node-a", "node-b", "node-c"];
+const DEADLINE = 45_000; // the demo takes about 10 s; give up well before a minute
+
+/** One line a node printed (see demo_node.ts), with when it arrived. */
+interface Event {
+  at: number;
+  node: string;
+  event: string;
+  n?: number;
+  epoch?: number;
+  ms?: number;
+  holder?: string;
+  message?: string;
+}
+
+const t0 = performance.now();
+const events: Event[] = [];
+const waiters = new Set<() => void>();
+const children = new Map<string, ChildProcess>();
+let lastWriter: string | undefined;
+
+function elapsed(at = performance.now()): string {
+  return `${Math.round(at - t0)} ms`.padStart(9);
+}
+
+/** Prints one timeline line: elapsed time, who, what. */
+function line(who: string, what: string, at?: number): void {
+  console.log(`${elapsed(at)}  ${who.padEnd(7)}  ${what}`);
+}
+
+function phase(title: string): void {
+  console.log(`\n── ${title}`);
+}
+
+function describe(e: Event): string {
+  switch (e.event) {
+    case "ready":
+      return "connected, lease manager ready";
+    case "waiting":
+      return `waiting: '${KEY}' is held by ${e.holder}`;
+    case "grace":
+      return `acquired '${KEY}'; waits ${e.ms} ms (the grace) before its first write, in case an earlier holder is still finishing one`;
+    case "write":
+      return `write #${e.n} under the lease, epoch ${e.epoch}`;
+    case "unavailable":
+      return `write refused, NATS unavailable: ${e.message}`;
+    case "stopped":
+      return e.node === lastWriter
+        ? "close() released the lease; connection closed"
+        : "close(); connection closed";
+    default:
+      return JSON.stringify(e);
+  }
+}
+
+/** Resolves with the first event (from now on, or already seen) that matches. */
+function waitFor(
+  what: string,
+  match: (e: Event) => boolean,
+  since = 0,
+): Promise<Event> {
+  return new Promise((resolve, reject) => {
+    const check = () => {
+      const found = events.slice(since).find(match);
+      if (found) {
+        waiters.delete(check);
+        clearTimeout(timer);
+        resolve(found);
+      }
+    };
+    const timer = setTimeout(() => {
+      waiters.delete(check);
+      reject(new Error(`the demo timed out waiting for ${what}`));
+    }, 15_000);
+    waiters.add(check);
+    check();
+  });
+}
+
+/** The node that has written `count` times since event index `since`. */
+async function writerOf(count: number, since: number): Promise<Event> {
+  return await waitFor(
+    `a node to write ${count} times`,
+    (e) =>
+      e.event === "write" &&
+      events.slice(since).filter((w) =>
+          w.event === "write" && w.node === e.node
+        ).length >= count,
+    since,
+  );
+}
+
+function startNode(node: string, servers: string, bucket: string): void {
+  const script = fileURLToPath(new URL("./demo_node.ts", import.meta.url));
+  // Each node runs on the runtime running this demo.
+  const args = "Deno" in globalThis
+    ? ["run", "--allow-net", "--allow-env", script]
+    : [script];
+  const child = spawn(process.execPath, args, {
+    stdio: ["ignore", "pipe", "inherit"],
+    env: {
+      ...process.env,
+      NODE_ID: node,
+      NATS_URL: servers,
+      DEMO_BUCKET: bucket,
+      DEMO_KEY: KEY,
+      NO_COLOR: "1",
+    },
+  });
+  children.set(node, child);
+  createInterface({ input: child.stdout! }).on("line", (text) => {
+    let e: Event;
+    try {
+      e = { at: performance.now(), ...JSON.parse(text) };
+    } catch {
+      console.log(`${elapsed()}  ${node.padEnd(7)}  ${text}`);
+      return;
+    }
+    events.push(e);
+    if (e.event === "write") lastWriter = e.node;
+    line(e.node, describe(e), e.at);
+    for (const w of [...waiters]) w();
+  });
+}
+
+function exited(node: string): Promise<number | string | null> {
+  const child = children.get(node)!;
+  if (child.exitCode !== null || child.signalCode !== null) {
+    return Promise.resolve(child.exitCode ?? child.signalCode);
+  }
+  return new Promise((resolve) =>
+    child.once("exit", (code, signal) => resolve(code ?? signal))
+  );
+}
+
+async function run(servers: string, bucket: string): Promise<boolean> {
+  phase(
+    `Three nodes start at once and contend for '${KEY}' (lease TTL ${TTL} ms)`,
+  );
+  for (const node of NODES) startNode(node, servers, bucket);
+  const first = await writerOf(3, 0);
+  const holder1 = first.node;
+
+  phase(`${holder1} crashes (SIGKILL): it never releases the lease`);
+  const crashIndex = events.length;
+  const crashAt = performance.now();
+  children.get(holder1)!.kill("SIGKILL");
+  line(holder1, "killed");
+  await exited(holder1);
+  line(
+    "demo",
+    `the others must wait for the lease to expire (${TTL} ms after its last renewal), then the grace (${TTL} ms)`,
+  );
+  const second = await writerOf(1, crashIndex);
+  const holder2 = second.node;
+  line(
+    "demo",
+    `failover: ${holder2} wrote ${
+      Math.round(second.at - crashAt)
+    } ms after the crash, epoch ${first.epoch} → ${second.epoch}`,
+  );
+  await writerOf(3, crashIndex);
+
+  phase(`${holder2} shuts down cleanly (SIGINT → close() releases the lease)`);
+  const closeIndex = events.length;
+  children.get(holder2)!.kill("SIGINT");
+  const released = await waitFor(
+    `${holder2} to release`,
+    (e) => e.node === holder2 && e.event === "stopped",
+    closeIndex,
+  );
+  const third = await writerOf(1, closeIndex);
+  const holder3 = third.node;
+  line(
+    "demo",
+    `handover: ${holder3} wrote ${
+      Math.round(third.at - released.at)
+    } ms after the release, with no grace, epoch ${second.epoch} → ${third.epoch}`,
+  );
+  await writerOf(3, closeIndex);
+
+  phase(`${holder3} shuts down too`);
+  children.get(holder3)!.kill("SIGINT");
+  await waitFor(
+    `${holder3} to stop`,
+    (e) => e.node === holder3 && e.event === "stopped",
+  );
+  await Promise.all(NODES.map(exited));
+
+  return summarize(crashAt, released.at);
+}
+
+/** Checks the timeline: one writer at a time, each new holder with a higher epoch. */
+function summarize(crashAt: number, releasedAt: number): boolean {
+  phase("Summary");
+  const writes = events.filter((e) => e.event === "write");
+  const tenures: {
+    node: string;
+    epoch: number;
+    from: number;
+    to: number;
+    n: number;
+  }[] = [];
+  for (const w of writes) {
+    const last = tenures.at(-1);
+    if (last && last.node === w.node && last.epoch === w.epoch) {
+      last.to = w.at;
+      last.n++;
+    } else {
+      tenures.push({
+        node: w.node,
+        epoch: w.epoch!,
+        from: w.at,
+        to: w.at,
+        n: 1,
+      });
+    }
+  }
+  for (const t of tenures) {
+    console.log(
+      `  ${t.node}  epoch ${String(t.epoch).padStart(3)}  ${t.n} writes  ${
+        elapsed(t.from).trim()
+      } … ${elapsed(t.to).trim()}`,
+    );
+  }
+  const holders = new Set(tenures.map((t) => t.node)).size;
+  const increasing = tenures.every((t, i) =>
+    i === 0 || t.epoch > tenures[i - 1]!.epoch
+  );
+  const failover = tenures[1] ? tenures[1].from - crashAt : NaN;
+  const handover = tenures[2] ? tenures[2].from - releasedAt : NaN;
+  const ok = tenures.length === 3 && holders === 3 && increasing &&
+    failover >= TTL; // at least the grace, after the expiry
+  console.log(
+    ok
+      ? `  ✓ one writer at a time, 3 tenures, each epoch higher than the last; failover took ${
+        Math.round(failover)
+      } ms (expiry + grace), the clean handover ${Math.round(handover)} ms`
+      : `  ✗ unexpected timeline: ${JSON.stringify(tenures)}`,
+  );
+  return ok;
+}
+
+async function main(): Promise<number> {
+  let server: NatsServer | undefined;
+  let servers = process.env.NATS_URL;
+  let bucket = "demo";
+  if (servers) {
+    // Someone else's server: use a fresh bucket and delete it afterwards.
+    bucket = `lease-demo-${Date.now().toString(36)}`;
+    console.log(`Using NATS_URL=${servers}, bucket '${bucket}'`);
+  } else {
+    server = await NatsServer.start();
+    servers = server.url;
+    console.log(
+      `Started nats-server ${server.version} on ${servers} (set NATS_URL to use your own)`,
+    );
+  }
+  const deadline = setTimeout(() => {
+    console.error(`The demo did not finish within ${DEADLINE} ms`);
+    for (const child of children.values()) child.kill("SIGKILL");
+    process.exit(1);
+  }, DEADLINE);
+  try {
+    return (await run(servers, bucket)) ? 0 : 1;
+  } catch (err) {
+    console.error(
+      `\nThe demo failed: ${err instanceof Error ? err.message : err}`,
+    );
+    return 1;
+  } finally {
+    for (const child of children.values()) {
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill("SIGKILL");
+      }
+    }
+    if (server) {
+      await server[Symbol.asyncDispose]();
+    } else {
+      const nc = await connect({ servers });
+      await new Kvm(nc).open(bucket).then((kv) => kv.destroy()).catch(() => {});
+      await nc.close();
+    }
+    clearTimeout(deadline);
+  }
+}
+
+process.exitCode = await main();
