@@ -1,0 +1,898 @@
+// Tests of the lease manager against real nats-server processes that the
+// tests start, kill, pause and restart themselves. Runs under `deno test -A`,
+// `bun test` and `node --test`; NATS_SERVER_BIN picks the server binary.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import process from "node:process";
+import { fileURLToPath } from "node:url";
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { type KV, Kvm } from "@nats-io/kv";
+import {
+  createLeaseManager,
+  type Lease,
+  type LeaseManager,
+  type LeaseManagerOptions,
+  NotHolderError,
+  UnavailableError,
+} from "./mod.ts";
+import { NatsServer } from "./test_util/nats_server.ts";
+
+const TTL = 1000;
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+let seq = 0;
+const uniq = (p: string) => `${p}${Date.now() % 1e6}x${seq++}`;
+
+async function conn(url: string): Promise<NatsConnection> {
+  return await connect({
+    servers: url,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 100,
+  });
+}
+
+/** Guards until the write runs (retrying NotHolder and Unavailable), within `limit` ms. */
+async function guardUntil<T>(
+  m: LeaseManager,
+  key: string,
+  write: (l: Lease) => T | Promise<T>,
+  limit = 10 * TTL,
+): Promise<T> {
+  const end = performance.now() + limit;
+  for (;;) {
+    try {
+      return await m.guard(key, write);
+    } catch (err) {
+      if (
+        !(err instanceof NotHolderError || err instanceof UnavailableError) ||
+        performance.now() > end
+      ) throw err;
+      await sleep(5);
+    }
+  }
+}
+
+async function rawKv(nc: NatsConnection, bucket: string): Promise<KV> {
+  return await new Kvm(nc).open(bucket);
+}
+
+describe("lease manager on one server", () => {
+  let ns: NatsServer;
+  const conns: NatsConnection[] = [];
+  const managers: LeaseManager[] = [];
+  let nc: NatsConnection;
+
+  async function manager(
+    opts: Partial<LeaseManagerOptions> & { node: string },
+  ): Promise<LeaseManager> {
+    const c = opts.nc ?? await conn(ns.url);
+    if (!opts.nc) conns.push(c);
+    const m = await createLeaseManager({ ttl: TTL, ...opts, nc: c });
+    managers.push(m);
+    return m;
+  }
+
+  before(async () => {
+    ns = await NatsServer.start();
+    nc = await conn(ns.url);
+    conns.push(nc);
+  });
+
+  after(async () => {
+    await Promise.allSettled(managers.map((m) => m.close()));
+    await Promise.allSettled(conns.map((c) => c.close()));
+    await ns[Symbol.asyncDispose]();
+  });
+
+  test("createLeaseManager() creates the bucket with the lease TTL and history 1", async () => {
+    const bucket = uniq("b");
+    const m = await manager({ node: "a", bucket });
+    assert.equal(m.ttl, TTL);
+    const status = await (await rawKv(nc, bucket)).status();
+    assert.equal(status.ttl, TTL);
+    assert.equal(status.history, 1);
+  });
+
+  test("guard() acquires, waits out the grace on a fresh start, then writes; renewals keep the lease 5×TTL without guards", async () => {
+    const bucket = uniq("b");
+    const m = await manager({ node: "a", bucket });
+    let calls = 0;
+    const first = await m.guard("k", () => calls++).catch((e) => e);
+    assert.ok(first instanceof NotHolderError, String(first));
+    assert.ok(
+      first.retryAfter! > TTL * 0.8 && first.retryAfter! <= TTL,
+      `retryAfter ${first.retryAfter}`,
+    );
+    assert.equal(calls, 0);
+    await sleep(first.retryAfter! + 20);
+    const e1 = await m.guard("k", (l) => l.epoch);
+    const kv = await rawKv(nc, bucket);
+    const r1 = (await kv.get("k"))!.revision;
+    await sleep(5 * TTL);
+    const entry = (await kv.get("k"))!;
+    assert.equal(entry.string(), "a");
+    assert.ok(entry.revision >= r1 + 10, `renewed ${entry.revision - r1}×`);
+    const e2 = await m.guard("k", (l) => l.epoch);
+    assert.equal(e2, e1, "the epoch is constant within a tenure");
+    assert.equal(await m.held("k"), true);
+    assert.deepEqual(await m.holder("k"), { node: "a", epoch: e1 });
+  });
+
+  test("guard() costs one round trip in steady state and concurrent guards on one key share them", async () => {
+    const bucket = uniq("b");
+    const m = await manager({ node: "a", bucket, restartGrace: false });
+    await m.guard("k", () => {});
+    const kv = await rawKv(nc, bucket);
+    const r0 = (await kv.get("k"))!.revision;
+    for (let i = 0; i < 20; i++) await m.guard("k", () => {});
+    const r1 = (await kv.get("k"))!.revision;
+    assert.ok(r1 - r0 <= 21, `20 sequential guards wrote ${r1 - r0} revisions`);
+    assert.ok(r1 - r0 >= 20, "each sequential guard confirms with its own CAS");
+    const results = await Promise.all(
+      Array.from({ length: 50 }, (_, i) => m.guard("k", () => i)),
+    );
+    assert.deepEqual(results, Array.from({ length: 50 }, (_, i) => i));
+    const r2 = (await kv.get("k"))!.revision;
+    assert.ok(r2 - r1 <= 5, `50 concurrent guards cost ${r2 - r1} CASes`);
+  });
+
+  test("guard() runs writes on different keys concurrently", async () => {
+    const m = await manager({
+      node: "a",
+      bucket: uniq("b"),
+      restartGrace: false,
+    });
+    let running = 0;
+    let peak = 0;
+    await Promise.all(
+      ["k1", "k2", "k3", "k4"].map((k) =>
+        m.guard(k, async () => {
+          peak = Math.max(peak, ++running);
+          await sleep(50);
+          running--;
+        })
+      ),
+    );
+    assert.equal(peak, 4);
+  });
+
+  test("guard() resolves with what write returns and rejects with what it throws, keeping the lease", async () => {
+    const m = await manager({
+      node: "a",
+      bucket: uniq("b"),
+      restartGrace: false,
+    });
+    assert.equal(await m.guard("k", () => 42), 42);
+    assert.equal(await m.guard("k", async () => "x"), "x");
+    const boom = new Error("boom");
+    await assert.rejects(
+      m.guard("k", () => {
+        throw boom;
+      }),
+      (e) => e === boom,
+    );
+    await assert.rejects(
+      m.guard("k", () => Promise.reject(boom)),
+      (e) => e === boom,
+    );
+    assert.equal(await m.held("k"), true);
+    assert.equal(await m.guard("k", () => 1), 1);
+  });
+
+  test("three managers on separate connections contending never overlap and change holders with growing epochs", async () => {
+    const bucket = uniq("b");
+    const ms = await Promise.all(
+      ["a", "b", "c"].map((node) => manager({ node, bucket })),
+    );
+    const log: { node: string; epoch: number; start: number; end: number }[] =
+      [];
+    const stopAt = performance.now() + 4 * TTL;
+    await Promise.all(ms.map(async (m, i) => {
+      let n = 0;
+      while (performance.now() < stopAt) {
+        try {
+          await m.guard("k", async ({ epoch }) => {
+            const start = performance.now();
+            await sleep(2);
+            log.push({ node: m.node, epoch, start, end: performance.now() });
+          });
+          // The holder hands over now and then so others get a turn.
+          if (++n % 40 === 0) {
+            await m.close();
+            ms[i] = await manager({ node: m.node, bucket });
+            m = ms[i]!;
+          }
+        } catch (err) {
+          assert.ok(
+            err instanceof NotHolderError,
+            `unexpected ${(err as Error)?.stack}`,
+          );
+          await sleep(3);
+        }
+      }
+    }));
+    assert.ok(log.length > 50, `${log.length} writes`);
+    log.sort((x, y) => x.start - y.start);
+    const holders = new Set(log.map((w) => w.node));
+    assert.ok(holders.size >= 2, `holders: ${[...holders]}`);
+    for (let i = 1; i < log.length; i++) {
+      const [p, w] = [log[i - 1]!, log[i]!];
+      if (p.node !== w.node) {
+        assert.ok(w.start >= p.end, "writes of two nodes overlap");
+        assert.ok(w.epoch > p.epoch, `epoch ${w.epoch} after ${p.epoch}`);
+      } else {
+        assert.ok(w.epoch >= p.epoch);
+      }
+    }
+  });
+
+  test("guard() fails over after the holder dies: the successor waits TTL plus grace and gets a greater epoch", async () => {
+    const bucket = uniq("b");
+    const holderNc = await conn(ns.url);
+    const a = await createLeaseManager({
+      nc: holderNc,
+      node: "a",
+      bucket,
+      ttl: TTL,
+      restartGrace: false,
+    });
+    const epochA = await a.guard("k", (l) => l.epoch);
+    const b = await manager({ node: "b", bucket });
+    await assert.rejects(
+      b.guard("k", () => {}),
+      (e) => e instanceof NotHolderError && e.holder === "a",
+    );
+    // The holder dies: its connection goes away without a release.
+    await holderNc.close();
+    const died = performance.now();
+    const epochB = await guardUntil(b, "k", (l) => l.epoch);
+    const took = performance.now() - died;
+    assert.ok(epochB > epochA, `epoch ${epochB} after ${epochA}`);
+    assert.ok(took >= 2 * TTL * 0.9, `failover after ${took.toFixed(0)} ms`);
+    assert.ok(took < 2 * TTL + 1500, `failover after ${took.toFixed(0)} ms`);
+    await a.close();
+  });
+
+  test("close() releases by compare-and-delete so the successor writes within tens of ms, without grace", async () => {
+    const bucket = uniq("b");
+    const a = await manager({ node: "a", bucket, restartGrace: false });
+    const b = await manager({ node: "b", bucket });
+    const epochA = await a.guard("k", (l) => l.epoch);
+    await assert.rejects(b.guard("k", () => {}), NotHolderError);
+    await a.close();
+    const closed = performance.now();
+    const epochB = await guardUntil(b, "k", (l) => l.epoch);
+    const took = performance.now() - closed;
+    assert.ok(epochB > epochA);
+    assert.ok(took < 100, `handover took ${took.toFixed(1)} ms`);
+  });
+
+  test("close() lets in-flight writes settle before releasing, and later guards reject", async () => {
+    const bucket = uniq("b");
+    const a = await manager({ node: "a", bucket, restartGrace: false });
+    const b = await manager({ node: "b", bucket, restartGrace: false });
+    let done = false;
+    const slow = a.guard("k", async () => {
+      await sleep(200);
+      done = true;
+    });
+    await sleep(50);
+    const closing = a.close();
+    await assert.rejects(a.guard("k", () => {}), TypeError);
+    await assert.rejects(
+      b.guard("k", () => {}),
+      NotHolderError,
+      "not released while the write runs",
+    );
+    await closing;
+    assert.equal(done, true);
+    await slow;
+    await guardUntil(b, "k", () => {}, 200);
+    await a.close(); // twice is fine
+  });
+
+  test("close() never deletes a newer holder's entry", async () => {
+    const bucket = uniq("b");
+    const a = await manager({ node: "a", bucket, restartGrace: false });
+    await a.guard("k", () => {});
+    const kv = await rawKv(nc, bucket);
+    const rev = await kv.put("k", "intruder");
+    await a.close();
+    const entry = (await kv.get("k"))!;
+    assert.equal(entry.revision, rev);
+    assert.equal(entry.string(), "intruder");
+  });
+
+  test("guard() rejects without writing when another node overwrote the lease just before the commit point", async () => {
+    const bucket = uniq("b");
+    const a = await manager({ node: "a", bucket, restartGrace: false });
+    await a.guard("k", () => {});
+    await (await rawKv(nc, bucket)).put("k", "intruder");
+    let called = false;
+    await assert.rejects(
+      a.guard("k", () => {
+        called = true;
+      }),
+      (e) => e instanceof NotHolderError && e.holder === "intruder",
+    );
+    assert.equal(called, false);
+    assert.equal(await a.held("k"), false);
+    assert.deepEqual(await a.holder("k"), {
+      node: "intruder",
+      epoch: (await (await rawKv(nc, bucket)).get("k"))!.revision,
+    });
+  });
+
+  test("the lease signal aborts while the write runs when a renewal finds another holder", async () => {
+    const bucket = uniq("b");
+    const a = await manager({ node: "a", bucket, restartGrace: false });
+    const kv = await rawKv(nc, bucket);
+    let reason: unknown;
+    let abortedAfter = Infinity;
+    await a.guard("k", async ({ signal }) => {
+      const t = performance.now();
+      await kv.put("k", "intruder");
+      await new Promise<void>((resolve) => {
+        signal.addEventListener("abort", () => resolve(), { once: true });
+        setTimeout(resolve, 2 * TTL);
+      });
+      abortedAfter = performance.now() - t;
+      reason = signal.reason;
+    });
+    assert.ok(reason instanceof NotHolderError, String(reason));
+    assert.ok(abortedAfter < TTL / 3 + 200, `aborted after ${abortedAfter} ms`);
+  });
+
+  test("guard() passes its own signal on: rejects before the write when already aborted, aborts the lease signal during it", async () => {
+    const a = await manager({
+      node: "a",
+      bucket: uniq("b"),
+      restartGrace: false,
+    });
+    const c = new AbortController();
+    const why = new Error("stop");
+    c.abort(why);
+    let called = false;
+    await assert.rejects(
+      a.guard("k", () => {
+        called = true;
+      }, { signal: c.signal }),
+      (e) => e === why,
+    );
+    assert.equal(called, false);
+    const c2 = new AbortController();
+    const seen = await a.guard("k", async ({ signal }) => {
+      c2.abort(why);
+      await sleep(0);
+      return signal.reason;
+    }, { signal: c2.signal });
+    assert.equal(seen, why);
+  });
+
+  test("restartGrace: a fresh manager that finds an expired lease waits one TTL unless restartGrace is false", async () => {
+    const bucket = uniq("b");
+    const gone = await conn(ns.url);
+    const a = await createLeaseManager({
+      nc: gone,
+      node: "a",
+      bucket,
+      ttl: TTL,
+      restartGrace: false,
+    });
+    await a.guard("k1", () => {});
+    await a.guard("k2", () => {});
+    await gone.close();
+    await sleep(TTL + 300); // both leases expire
+    const safe = await manager({ node: "b", bucket });
+    const e = await safe.guard("k1", () => {}).catch((x) => x);
+    assert.ok(e instanceof NotHolderError && e.retryAfter! > 0.8 * TTL);
+    const fast = await manager({ node: "c", bucket, restartGrace: false });
+    assert.equal(await fast.guard("k2", () => "now"), "now");
+    await a.close();
+  });
+
+  test("createLeaseManager() adopts an existing bucket's TTL and names both values on a mismatch", async () => {
+    const bucket = uniq("b");
+    await manager({ node: "a", bucket, ttl: 1500 });
+    const adopted = await createLeaseManager({ nc, node: "b", bucket });
+    assert.equal(adopted.ttl, 1500);
+    await adopted.close();
+    const before = nc.stats().outMsgs;
+    await assert.rejects(
+      createLeaseManager({ nc, node: "c", bucket, ttl: 2000 }),
+      (e) =>
+        e instanceof RangeError && e.message.includes("1500") &&
+        e.message.includes("2000"),
+    );
+    assert.ok(
+      nc.stats().outMsgs > before,
+      "the mismatch needs a look at the bucket",
+    );
+  });
+
+  test("createLeaseManager() rejects a bucket without TTL", async () => {
+    const bucket = uniq("b");
+    await new Kvm(nc).create(bucket, { history: 1 });
+    await assert.rejects(
+      createLeaseManager({ nc, node: "a", bucket }),
+      (e) => e instanceof RangeError && /no TTL/.test(e.message),
+    );
+  });
+
+  describe("bad input gets a clear error, sends nothing and never calls write", () => {
+    const badKeys = [
+      "",
+      " ",
+      "a b",
+      "*",
+      "a.*",
+      ">",
+      "a.>",
+      ".a",
+      "a.",
+      "a..b",
+      "ключ",
+      "é",
+      "a\tb",
+      42,
+      undefined,
+    ];
+    let m: LeaseManager;
+    before(async () => {
+      m = await manager({ node: "a", bucket: uniq("b"), restartGrace: false });
+    });
+
+    for (const key of badKeys) {
+      test(`guard(), held() and holder() reject key ${JSON.stringify(key)} with TypeError`, async () => {
+        const out = nc.stats().outMsgs;
+        let called = false;
+        for (
+          const call of [
+            () =>
+              m.guard(key as string, () => {
+                called = true;
+              }),
+            () => m.held(key as string),
+            () => m.holder(key as string),
+          ]
+        ) {
+          await assert.rejects(
+            call(),
+            (e) =>
+              e instanceof TypeError && e.message.includes("'key'") &&
+              e.message.includes(
+                key === undefined ? "undefined" : JSON.stringify(key),
+              ),
+          );
+        }
+        assert.equal(called, false);
+        assert.equal(nc.stats().outMsgs, out);
+      });
+    }
+
+    test("guard() rejects a write that is not a function with TypeError", async () => {
+      const out = nc.stats().outMsgs;
+      await assert.rejects(
+        m.guard("k", "nope" as unknown as () => void),
+        TypeError,
+      );
+      assert.equal(nc.stats().outMsgs, out);
+    });
+
+    const badOptions: [string, Record<string, unknown>, RegExp][] = [
+      ["empty node", { node: "" }, /'node'.*""/],
+      ["blank node", { node: "  " }, /'node'/],
+      ["node not a string", { node: 7 }, /'node'.*7/],
+      ["ttl 0", { ttl: 0 }, /'ttl'.*received 0/],
+      ["negative ttl", { ttl: -1 }, /'ttl'.*received -1/],
+      ["NaN ttl", { ttl: NaN }, /'ttl'.*NaN/],
+      ["infinite ttl", { ttl: Infinity }, /'ttl'.*Infinity/],
+      ["ttl below renewal minimum", { ttl: 100 }, /'ttl'.*500.*received 100/],
+      ["bucket with a dot", { bucket: "a.b" }, /'bucket'.*"a\.b"/],
+      ["bucket with a space", { bucket: "a b" }, /'bucket'/],
+      ["empty bucket", { bucket: "" }, /'bucket'/],
+      ["replicas 0", { replicas: 0 }, /'replicas'.*0/],
+      ["replicas 1.5", { replicas: 1.5 }, /'replicas'/],
+      ["timeout above ttl", { timeout: 5000 }, /'timeout'.*5000/],
+      ["restartGrace not boolean", { restartGrace: "yes" }, /'restartGrace'/],
+      ["signal not a signal", { signal: {} }, /'signal'/],
+    ];
+    for (const [what, opts, re] of badOptions) {
+      test(`createLeaseManager() rejects ${what} at once and sends nothing`, async () => {
+        const out = nc.stats().outMsgs;
+        await assert.rejects(
+          createLeaseManager({
+            nc,
+            node: "a",
+            ttl: TTL,
+            ...opts,
+          } as LeaseManagerOptions),
+          (e) =>
+            (e instanceof TypeError || e instanceof RangeError) &&
+            re.test(e.message),
+        );
+        assert.equal(nc.stats().outMsgs, out);
+      });
+    }
+
+    test("createLeaseManager() rejects a missing connection with TypeError", async () => {
+      await assert.rejects(
+        createLeaseManager({ node: "a" } as LeaseManagerOptions),
+        (e) => e instanceof TypeError && /'nc'/.test(e.message),
+      );
+    });
+
+    test("createLeaseManager() rejects an aborted signal with its reason and sends nothing", async () => {
+      const out = nc.stats().outMsgs;
+      const why = new Error("shutting down");
+      await assert.rejects(
+        createLeaseManager({ nc, node: "a", signal: AbortSignal.abort(why) }),
+        (e) => e === why,
+      );
+      assert.equal(nc.stats().outMsgs, out);
+    });
+
+    test("guard() after close() or abort rejects with TypeError, sends nothing, never calls write", async () => {
+      const c = new AbortController();
+      const bucket = uniq("b");
+      const x = await manager({
+        node: "x",
+        bucket,
+        signal: c.signal,
+        restartGrace: false,
+      });
+      await x.guard("k", () => {});
+      c.abort(new Error("bye"));
+      await x.close();
+      const out = nc.stats().outMsgs;
+      let called = false;
+      await assert.rejects(
+        x.guard("k", () => {
+          called = true;
+        }),
+        (e) => e instanceof TypeError && /closed/.test(e.message),
+      );
+      await assert.rejects(x.held("k"), TypeError);
+      assert.equal(called, false);
+      assert.equal(nc.stats().outMsgs, out);
+      // The abort released the lease.
+      assert.equal(
+        (await (await rawKv(nc, bucket)).get("k"))?.operation,
+        "DEL",
+      );
+    });
+  });
+});
+
+describe("lease manager under server faults", () => {
+  test("guard() rejects with UnavailableError in bounded time while the server is down, and the holder resumes after a restart", async () => {
+    await using ns = await NatsServer.start();
+    const nc = await conn(ns.url);
+    const bucket = uniq("b");
+    const m = await createLeaseManager({
+      nc,
+      node: "a",
+      bucket,
+      ttl: TTL,
+      restartGrace: false,
+    });
+    try {
+      const epoch = await m.guard("k", (l) => l.epoch);
+      await ns.kill();
+      let called = false;
+      const t = performance.now();
+      const err = await m.guard("k", () => {
+        called = true;
+      }).catch((e) => e);
+      const took = performance.now() - t;
+      assert.ok(err instanceof UnavailableError, String(err));
+      assert.equal(called, false);
+      assert.ok(took < TTL, `refused after ${took.toFixed(0)} ms`);
+      await ns.restart();
+      const after = await guardUntil(m, "k", (l) => l, 5 * TTL);
+      assert.equal(after.node, "a");
+      assert.ok(after.epoch >= epoch);
+    } finally {
+      await m.close();
+      await nc.close();
+    }
+  });
+
+  test("a renewal whose reply was lost (server paused) is resolved: the lease stays ours, same epoch", async () => {
+    await using ns = await NatsServer.start();
+    const nc = await conn(ns.url);
+    const bucket = uniq("b");
+    const m = await createLeaseManager({
+      nc,
+      node: "a",
+      bucket,
+      ttl: 3000,
+      timeout: 200,
+      restartGrace: false,
+    });
+    try {
+      const epoch = await m.guard("k", (l) => l.epoch);
+      const kv = await rawKv(nc, bucket);
+      const rev = (await kv.get("k"))!.revision;
+      await ns.pause();
+      // The CAS reaches the paused server's socket; its reply never comes in time.
+      const err = await m.guard("k", () => {}).catch((e) => e);
+      assert.ok(err instanceof UnavailableError, String(err));
+      await ns.resume();
+      await sleep(100);
+      // The timed-out CAS was applied after all.
+      const landed = (await kv.get("k"))!;
+      assert.ok(landed.revision > rev, "the lost-reply CAS landed");
+      assert.equal(landed.string(), "a");
+      // Not reported lost: the next guard recognises its own write.
+      assert.equal(await m.guard("k", (l) => l.epoch), epoch);
+    } finally {
+      await m.close();
+      await nc.close();
+    }
+  });
+
+  test("the lease signal aborts when renewals cannot reach the server within the TTL", async () => {
+    await using ns = await NatsServer.start();
+    const nc = await conn(ns.url);
+    const m = await createLeaseManager({
+      nc,
+      node: "a",
+      bucket: uniq("b"),
+      ttl: TTL,
+      restartGrace: false,
+    });
+    try {
+      let reason: unknown;
+      let after = Infinity;
+      await m.guard("k", async ({ signal }) => {
+        const t = performance.now();
+        await ns.pause();
+        await new Promise<void>((resolve) => {
+          signal.addEventListener("abort", () => resolve(), { once: true });
+          setTimeout(resolve, 3 * TTL);
+        });
+        after = performance.now() - t;
+        reason = signal.reason;
+      });
+      await ns.resume();
+      assert.ok(reason instanceof UnavailableError, String(reason));
+      assert.ok(after <= TTL + 50, `aborted after ${after.toFixed(0)} ms`);
+    } finally {
+      await ns.resume();
+      await m.close();
+      await nc.close();
+    }
+  });
+});
+
+// ---------------------------------------------------------------------------
+// A holder in a child process, to pause and kill for real.
+
+const CHILD = fileURLToPath(
+  new URL("./test_util/lease_child.ts", import.meta.url),
+);
+
+function runtimeArgs(script: string): [string, string[]] {
+  // Feature checks, not name sniffing: Deno needs `run -A`.
+  if ("Deno" in globalThis) return [process.execPath, ["run", "-A", script]];
+  return [process.execPath, [script]];
+}
+
+/** Sends a signal by pid: Deno's ChildProcess.kill() refuses a second signal. */
+function signal(pid: number, sig: NodeJS.Signals): void {
+  try {
+    process.kill(pid, sig);
+  } catch {
+    // already gone
+  }
+}
+
+interface ChildEvent {
+  ev: string;
+  t: number;
+  epoch?: number;
+  aborted?: boolean;
+  error?: string;
+}
+
+function startChild(env: Record<string, string>) {
+  const [cmd, args] = runtimeArgs(CHILD);
+  const child = spawn(cmd, args, {
+    env: { ...process.env, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const events: ChildEvent[] = [];
+  const waiters: (() => void)[] = [];
+  let buf = "";
+  let stderr = "";
+  child.stdout!.setEncoding("utf8");
+  child.stdout!.on("data", (d: string) => {
+    buf += d;
+    let i;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, i);
+      buf = buf.slice(i + 1);
+      try {
+        events.push(JSON.parse(line));
+      } catch {
+        stderr += line + "\n";
+      }
+      waiters.splice(0).forEach((w) => w());
+    }
+  });
+  child.stderr!.setEncoding("utf8");
+  child.stderr!.on("data", (d: string) => stderr += d);
+  const exited = new Promise<number | null>((r) =>
+    child.on("exit", (code) => r(code))
+  );
+  return {
+    child,
+    events,
+    exited,
+    stderr: () => stderr,
+    async until(pred: (e: ChildEvent) => boolean, ms = 10_000) {
+      const end = performance.now() + ms;
+      for (;;) {
+        const hit = events.find(pred);
+        if (hit) return hit;
+        if (performance.now() > end) {
+          throw new Error(`child: no such event; stderr: ${stderr}`);
+        }
+        await new Promise<void>((r) => {
+          waiters.push(r);
+          setTimeout(r, 100);
+        });
+      }
+    },
+  };
+}
+
+describe("lease holder in a child process", () => {
+  let ns: NatsServer;
+  let nc: NatsConnection;
+  before(async () => {
+    ns = await NatsServer.start();
+    nc = await conn(ns.url);
+  });
+  after(async () => {
+    await nc.close();
+    await ns[Symbol.asyncDispose]();
+  });
+
+  // The restart hole of the reference: a process that starts after a paused
+  // holder's lease expired never saw that holder, so without the grace it
+  // writes while the paused holder's write is still in progress.
+  for (const restartGrace of [true, false]) {
+    test(
+      `a holder paused by SIGSTOP past the TTL ${
+        restartGrace ? "does not overlap" : "overlaps (restartGrace: false)"
+      } a fresh process's first write, and is fenced by epoch`,
+      async () => {
+        const bucket = uniq("b");
+        const c = startChild({
+          NATS_URL: ns.url,
+          LEASE_BUCKET: bucket,
+          LEASE_KEY: "k",
+          LEASE_NODE: "paused",
+          LEASE_TTL: String(TTL),
+          LEASE_WRITE_MS: "300",
+          LEASE_MODE: "loop",
+        });
+        try {
+          const startEv = await c.until((e) => e.ev === "start");
+          await sleep(20);
+          signal(c.child.pid!, "SIGSTOP"); // mid-write
+          await sleep(TTL + 400); // the paused holder's lease expires
+          const fresh = await createLeaseManager({
+            nc,
+            node: "fresh",
+            bucket,
+            ttl: TTL,
+            restartGrace,
+          });
+          try {
+            // The paused holder wakes up as soon as the fresh process holds
+            // the key: at its first write, or when it is told to wait out
+            // the grace.
+            const wake = () => signal(c.child.pid!, "SIGCONT");
+            let first: { t: number; epoch: number } | undefined;
+            const end = performance.now() + 10 * TTL;
+            while (!first) {
+              try {
+                first = await fresh.guard("k", async (l) => {
+                  wake();
+                  const t = Date.now();
+                  await sleep(100);
+                  return { t, epoch: l.epoch };
+                });
+              } catch (err) {
+                if (!(err instanceof NotHolderError)) throw err;
+                if (err.retryAfter !== undefined) wake();
+                assert.ok(performance.now() < end, "fresh never wrote");
+                await sleep(10);
+              }
+            }
+            const paused = await c.until((e) =>
+              e.ev === "end" && e.epoch === startEv.epoch
+            );
+            // Its next guard is refused: the lease moved on.
+            await c.until((e) => e.ev === "refused" && e.t > paused.t);
+            assert.ok(
+              first.epoch > startEv.epoch!,
+              "the fence sees a newer epoch",
+            );
+            assert.ok(
+              !c.events.some((e) => e.ev === "start" && e.t > first.t),
+              "paused holder started a write after the takeover",
+            );
+            if (restartGrace) {
+              assert.ok(
+                first.t >= paused.t,
+                `fresh write at ${first.t} overlaps the paused write ending ${paused.t}`,
+              );
+            } else {
+              assert.ok(
+                first.t < paused.t,
+                "without the restart grace the writes overlap",
+              );
+            }
+          } finally {
+            await fresh.close();
+          }
+        } finally {
+          signal(c.child.pid!, "SIGCONT");
+          signal(c.child.pid!, "SIGKILL");
+          await c.exited;
+        }
+      },
+    );
+  }
+
+  test("a holder killed by SIGKILL is replaced after TTL plus grace with a greater epoch", async () => {
+    const bucket = uniq("b");
+    const c = startChild({
+      NATS_URL: ns.url,
+      LEASE_BUCKET: bucket,
+      LEASE_KEY: "k",
+      LEASE_NODE: "doomed",
+      LEASE_TTL: String(TTL),
+      LEASE_WRITE_MS: "10",
+      LEASE_MODE: "loop",
+    });
+    const s = await c.until((e) => e.ev === "start");
+    signal(c.child.pid!, "SIGKILL");
+    await c.exited;
+    const killed = performance.now();
+    const m = await createLeaseManager({ nc, node: "next", bucket, ttl: TTL });
+    try {
+      const epoch = await guardUntil(m, "k", (l) => l.epoch);
+      const took = performance.now() - killed;
+      assert.ok(epoch > s.epoch!);
+      assert.ok(took >= 1.8 * TTL && took < 2 * TTL + 1500, `${took} ms`);
+    } finally {
+      await m.close();
+    }
+  });
+
+  test("close() leaves no timer or connection running: the process exits by itself and the lease is released", async () => {
+    const bucket = uniq("b");
+    const c = startChild({
+      NATS_URL: ns.url,
+      LEASE_BUCKET: bucket,
+      LEASE_KEY: "k",
+      LEASE_NODE: "tidy",
+      LEASE_TTL: "5000",
+      LEASE_MODE: "once",
+    });
+    await c.until((e) => e.ev === "closed", 15_000);
+    const closedAt = performance.now();
+    const code = await Promise.race([c.exited, sleep(3000).then(() => "hung")]);
+    if (code === "hung") signal(c.child.pid!, "SIGKILL");
+    assert.equal(code, 0, `exit: ${code}; ${c.stderr()}`);
+    assert.ok(performance.now() - closedAt < 3000);
+    const entry = await (await rawKv(nc, bucket)).get("k");
+    assert.equal(entry?.operation, "DEL");
+  });
+});

@@ -1,0 +1,59 @@
+// A lease holder run as a child process by lease_test.ts, so tests can
+// SIGSTOP, SIGCONT and SIGKILL a real holder. It prints one JSON line per
+// event on stdout: {"ev":"start"|"end"|"refused"|"closed"|"ready", ...}.
+//
+// Environment: NATS_URL, LEASE_BUCKET, LEASE_KEY, LEASE_NODE, LEASE_TTL,
+// LEASE_MODE ("loop": guarded writes of LEASE_WRITE_MS each, forever;
+// "once": one guarded write, then close() and exit).
+import process from "node:process";
+import { connect } from "@nats-io/transport-node";
+import { createLeaseManager, NotHolderError } from "../mod.ts";
+
+const env = process.env;
+const say = (ev: string, extra: Record<string, unknown> = {}) =>
+  console.log(JSON.stringify({ ev, t: Date.now(), ...extra }));
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+const nc = await connect({
+  servers: env.NATS_URL!,
+  maxReconnectAttempts: -1,
+  reconnectTimeWait: 100,
+});
+const leases = await createLeaseManager({
+  nc,
+  node: env.LEASE_NODE!,
+  bucket: env.LEASE_BUCKET!,
+  ttl: Number(env.LEASE_TTL),
+  restartGrace: false,
+});
+const key = env.LEASE_KEY!;
+const writeMs = Number(env.LEASE_WRITE_MS ?? 100);
+say("ready");
+
+if (env.LEASE_MODE === "once") {
+  for (;;) {
+    try {
+      await leases.guard(key, ({ epoch }) => say("start", { epoch }));
+      break;
+    } catch (err) {
+      if (!(err instanceof NotHolderError)) throw err;
+      await sleep(20);
+    }
+  }
+  await leases.close();
+  await nc.close();
+  say("closed");
+} else {
+  for (;;) {
+    try {
+      await leases.guard(key, async ({ epoch, signal }) => {
+        say("start", { epoch });
+        await sleep(writeMs);
+        say("end", { epoch, aborted: signal.aborted });
+      });
+    } catch (err) {
+      say("refused", { error: (err as Error).name });
+      await sleep(50);
+    }
+  }
+}
