@@ -1,0 +1,117 @@
+/**
+ * Bun: append to the store key "orders" under a lease, so that only one
+ * process at a time writes it.
+ *
+ *     NATS_URL=nats://127.0.0.1:4222 bun examples/bun.ts
+ *
+ * Start a second copy in another terminal: it waits, because the lease names
+ * the first. Press Ctrl-C in the first: it hands the lease back on its way
+ * out, and the second copy starts writing at once, with a higher epoch.
+ *
+ * NATS basics used here: a NATS server with JetStream keeps a key-value
+ * bucket (here "examples"); the lease for "orders" is one entry in it, whose
+ * value is the holder's node id and which expires unless renewed (the TTL).
+ *
+ * @module
+ */
+
+import process from "node:process";
+import { connect } from "@nats-io/transport-node";
+import {
+  createLeaseManager,
+  NotHolderError,
+  UnavailableError,
+} from "../mod.ts";
+
+const servers = Bun.env.NATS_URL ?? "nats://127.0.0.1:4222";
+const node = Bun.env.NODE_ID ?? `bun-${process.pid}`;
+const key = Bun.env.LEASE_KEY ?? "orders";
+const runFor = Number(Bun.env.RUN_FOR_MS ?? 30_000);
+const log = (msg: string) => console.log(`[${node}] ${msg}`);
+
+// Ctrl-C, or the end of the run, aborts this controller; both the loop and
+// the lease manager listen to its signal.
+const stop = new AbortController();
+const onSigint = () => stop.abort("SIGINT");
+process.once("SIGINT", onSigint);
+const timer = setTimeout(() => stop.abort("time is up"), runFor);
+
+let written = 0;
+{
+  // `await using` disposes in reverse order when the block ends: first the
+  // lease manager (releasing the lease for the next node), then the
+  // connection (drained).
+  await using nc = await connect({ servers });
+  log(`connected to ${servers}`);
+  await using leases = await createLeaseManager({
+    nc,
+    node,
+    bucket: "examples",
+    ttl: 2_000, // short, so the example moves quickly; the default is 15 s
+    signal: stop.signal,
+  });
+
+  // What we last reported, so a state is reported once, not on every retry.
+  let state = "";
+  while (!stop.signal.aborted) {
+    try {
+      // The write runs only once a compare-and-set on the lease entry proved
+      // that this node holds it. `epoch` grows with every change of holder.
+      await leases.guard(key, ({ epoch }) => {
+        written++;
+        log(`wrote order #${written} at epoch ${epoch}`);
+      }, { signal: stop.signal });
+      state = "writing";
+      await sleep(500, stop.signal);
+    } catch (err) {
+      if (stop.signal.aborted) break;
+      if (err instanceof NotHolderError && err.retryAfter !== undefined) {
+        // We just took the lease; a previous holder may still be finishing a
+        // write, so the first write waits one TTL (the failover grace).
+        if (state !== "grace") {
+          log(
+            `acquired '${key}', waiting out the grace: ${
+              Math.ceil(err.retryAfter)
+            } ms`,
+          );
+        }
+        state = "grace";
+        await sleep(err.retryAfter, stop.signal);
+      } else if (err instanceof NotHolderError) {
+        if (state !== `held by ${err.holder}`) {
+          log(`waiting: '${key}' is held by ${err.holder}`);
+        }
+        state = `held by ${err.holder}`;
+        await sleep(100, stop.signal);
+      } else if (err instanceof UnavailableError) {
+        log(`NATS unavailable, write refused: ${err.message}`);
+        await sleep(500, stop.signal);
+      } else {
+        throw err;
+      }
+    }
+  }
+  log(`stopping (${stop.signal.reason})`);
+}
+clearTimeout(timer);
+process.off("SIGINT", onSigint);
+log(`released '${key}' and closed the connection after ${written} writes`);
+
+/**
+ * Waits `ms` milliseconds, or less if `signal` aborts first. (`Bun.sleep`
+ * cannot be cancelled, so a plain timer it is.)
+ */
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(id);
+      signal.removeEventListener("abort", done);
+      resolve();
+    };
+    const id = setTimeout(done, ms);
+    signal.addEventListener("abort", done, { once: true });
+  });
+}
+
+// Bun's global, declared for type checkers that do not load `@types/bun`.
+declare const Bun: { env: Record<string, string | undefined> };
