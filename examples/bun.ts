@@ -23,7 +23,8 @@ import {
   UnavailableError,
 } from "../mod.ts";
 
-const servers = Bun.env.NATS_URL ?? "nats://127.0.0.1:4222";
+// One URL, or several separated by commas for a cluster.
+const servers = (Bun.env.NATS_URL ?? "nats://127.0.0.1:4222").split(",");
 const node = Bun.env.NODE_ID ?? `bun-${process.pid}`;
 const key = Bun.env.LEASE_KEY ?? "orders";
 const runFor = Number(Bun.env.RUN_FOR_MS ?? 30_000);
@@ -41,8 +42,11 @@ let written = 0;
   // `await using` disposes in reverse order when the block ends: first the
   // lease manager (releasing the lease for the next node), then the
   // connection (drained).
-  await using nc = await connect({ servers });
-  log(`connected to ${servers}`);
+  await using nc = await connect({
+    servers,
+    maxReconnectAttempts: -1, // a long-running writer rides out server restarts
+  });
+  log(`connected to ${servers.join(",")}`);
   await using leases = await createLeaseManager({
     nc,
     node,

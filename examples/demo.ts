@@ -304,7 +304,7 @@ async function main(): Promise<number> {
     if (server) {
       await server[Symbol.asyncDispose]();
     } else {
-      const nc = await connect({ servers });
+      const nc = await connect({ servers: servers.split(",") });
       await new Kvm(nc).open(bucket).then((kv) => kv.destroy()).catch(() => {});
       await nc.close();
     }

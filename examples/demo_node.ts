@@ -18,7 +18,7 @@ import {
 } from "../mod.ts";
 
 const node = process.env.NODE_ID ?? `node-${process.pid}`;
-const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
+const servers = (process.env.NATS_URL ?? "nats://127.0.0.1:4222").split(",");
 const bucket = process.env.DEMO_BUCKET ?? "demo";
 const key = process.env.DEMO_KEY ?? "orders";
 
@@ -30,7 +30,7 @@ function emit(event: string, data: Record<string, unknown> = {}): void {
 const stop = new AbortController();
 process.once("SIGINT", () => stop.abort("SIGINT"));
 
-const nc = await connect({ servers });
+const nc = await connect({ servers, maxReconnectAttempts: -1 });
 const leases = await createLeaseManager({
   nc,
   node,

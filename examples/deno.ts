@@ -22,7 +22,10 @@ import {
   UnavailableError,
 } from "../mod.ts";
 
-const servers = Deno.env.get("NATS_URL") ?? "nats://127.0.0.1:4222";
+// One URL, or several separated by commas for a cluster.
+const servers = (Deno.env.get("NATS_URL") ?? "nats://127.0.0.1:4222").split(
+  ",",
+);
 const node = Deno.env.get("NODE_ID") ?? `deno-${Deno.pid}`;
 const key = Deno.env.get("LEASE_KEY") ?? "orders";
 const runFor = Number(Deno.env.get("RUN_FOR_MS") ?? 30_000);
@@ -35,8 +38,11 @@ const onSigint = () => stop.abort("SIGINT");
 Deno.addSignalListener("SIGINT", onSigint);
 const timer = setTimeout(() => stop.abort("time is up"), runFor);
 
-const nc = await connect({ servers });
-log(`connected to ${servers}`);
+const nc = await connect({
+  servers,
+  maxReconnectAttempts: -1, // a long-running writer rides out server restarts
+});
+log(`connected to ${servers.join(",")}`);
 const leases = await createLeaseManager({
   nc,
   node,

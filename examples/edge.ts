@@ -25,7 +25,8 @@ import {
   NotHolderError,
 } from "../mod.ts";
 
-const servers = env("NATS_WS_URL") ?? "ws://127.0.0.1:8080";
+// One URL, or several separated by commas for a cluster.
+const servers = (env("NATS_WS_URL") ?? "ws://127.0.0.1:8080").split(",");
 const key = env("LEASE_KEY") ?? "edge-counter";
 // An edge instance has no stable name of its own: make one up.
 const node = env("NODE_ID") ?? `edge-${crypto.randomUUID().slice(0, 8)}`;
@@ -34,7 +35,7 @@ const node = env("NODE_ID") ?? `edge-${crypto.randomUUID().slice(0, 8)}`;
   // `await using` cleans up in reverse order when the block ends, also on an
   // error: the lease manager releases the lease, then the connection drains.
   await using nc = await wsconnect({ servers });
-  console.log(`[${node}] connected over WebSocket to ${servers}`);
+  console.log(`[${node}] connected over WebSocket to ${servers.join(",")}`);
   await using leases = await createLeaseManager({
     nc,
     node,

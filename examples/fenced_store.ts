@@ -51,7 +51,7 @@ class FencedStore {
   }
 }
 
-const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
+const servers = (process.env.NATS_URL ?? "nats://127.0.0.1:4222").split(",");
 const key = process.env.LEASE_KEY ?? "ledger";
 // Each node gets its own bucket-sharing manager; a 1 s TTL keeps this short.
 const options = { bucket: "fenced-example", ttl: 1_000 };

@@ -26,7 +26,8 @@ import {
   UnavailableError,
 } from "../mod.ts";
 
-const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
+// One URL, or several separated by commas for a cluster.
+const servers = (process.env.NATS_URL ?? "nats://127.0.0.1:4222").split(",");
 const node = process.env.NODE_ID ?? `node-${process.pid}`;
 const key = process.env.LEASE_KEY ?? "orders";
 const runFor = Number(process.env.RUN_FOR_MS ?? 30_000);
@@ -44,8 +45,11 @@ let written = 0;
   // `await using` disposes in reverse order when the block ends: first the
   // lease manager (releasing the lease for the next node), then the
   // connection (drained).
-  await using nc = await connect({ servers });
-  log(`connected to ${servers}`);
+  await using nc = await connect({
+    servers,
+    maxReconnectAttempts: -1, // a long-running writer rides out server restarts
+  });
+  log(`connected to ${servers.join(",")}`);
   await using leases = await createLeaseManager({
     nc,
     node,

@@ -18,7 +18,7 @@ self.onmessage = async (e: MessageEvent<{ servers: string; key: string }>) => {
     let epoch = 0;
     {
       // Released and closed, in that order, when this block ends.
-      await using nc = await wsconnect({ servers });
+      await using nc = await wsconnect({ servers: servers.split(",") });
       await using leases = await createLeaseManager({
         nc,
         node,
