@@ -940,7 +940,8 @@ export async function createLeaseManager(
   const o = resolveOptions(options);
   if (o.signal?.aborted) throw abortReason(o.signal);
   const nc = options.nc;
-  const setupTimeout = o.timeout;
+  // Creating a replicated stream can take longer than a lease operation may.
+  const setupTimeout = Math.max(o.timeout, 5_000);
   const jsm = await jetstreamManager(nc, { timeout: setupTimeout });
   const existing = await bucketStatus(jsm, o.bucket);
   if (existing) {
@@ -970,15 +971,12 @@ export async function createLeaseManager(
       } may let two compare-and-set updates with the same revision both succeed on a replicated stream (fixed in 2.9.21, nats-server#4320): upgrade the servers to 2.9.21 or later, or use a bucket with 1 replica`,
     );
   }
-  const js = jetstream(nc, { timeout: o.timeout });
-  const kvm = new Kvm(js);
-  const kv = existing
-    ? await kvm.open(o.bucket, { allow_direct: existing.direct })
-    : await kvm.create(o.bucket, { ttl: o.ttl, history: 1, replicas });
   let direct = existing?.direct;
   if (direct === undefined) {
+    const created = await new Kvm(jetstream(nc, { timeout: setupTimeout }))
+      .create(o.bucket, { ttl: o.ttl, history: 1, replicas });
     // Created now, or concurrently by another process: read what it is.
-    const status = await kv.status();
+    const status = await created.status();
     if (status.ttl !== o.ttl) {
       throw new RangeError(
         `Cannot create lease manager as bucket '${o.bucket}' has a TTL of ${status.ttl} ms but 'ttl' is ${o.ttl} ms`,
@@ -986,6 +984,8 @@ export async function createLeaseManager(
     }
     direct = status.streamInfo.config.allow_direct === true;
   }
+  const js = jetstream(nc, { timeout: o.timeout });
+  const kv = await new Kvm(js).open(o.bucket, { allow_direct: direct });
   const opsJsm = await jetstreamManager(nc, {
     timeout: o.timeout,
     checkAPI: false,

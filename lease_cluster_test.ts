@@ -1,0 +1,289 @@
+// The lease manager on a 3-node nats-server cluster: R3 buckets on servers
+// that serialise compare-and-set (2.9.21 and later), and the refusal of
+// replicated buckets on older servers, whose CAS is unsafe there.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import process from "node:process";
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import {
+  createLeaseManager,
+  type Lease,
+  type LeaseManager,
+  NotHolderError,
+  UnavailableError,
+} from "./mod.ts";
+import { NatsCluster, natsServerBinary } from "./test_util/nats_server.ts";
+
+const TTL = 1000;
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+let seq = 0;
+const uniq = (p: string) => `${p}${Date.now() % 1e6}x${seq++}`;
+
+const version = /v?(\d+)\.(\d+)\.(\d+)/.exec(
+  execFileSync(natsServerBinary(), ["--version"], { encoding: "utf8" }),
+)!;
+const [maj, min, pat] = [
+  Number(version[1]),
+  Number(version[2]),
+  Number(version[3]),
+];
+const casSafe = maj > 2 || (maj === 2 && (min > 9 || pat >= 21));
+
+/** A connection to every node, preferring node `first`, that fails over. */
+async function conn(
+  cluster: NatsCluster,
+  first: number,
+): Promise<NatsConnection> {
+  const urls = cluster.urls;
+  return await connect({
+    servers: [...urls.slice(first), ...urls.slice(0, first)],
+    noRandomize: true,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 100,
+  });
+}
+
+interface Write {
+  node: string;
+  epoch: number;
+  start: number;
+  end: number;
+}
+
+/** Checks that writes of different nodes never overlap and epochs grow on holder change. */
+function assertExclusive(log: Write[]): void {
+  log.sort((x, y) => x.start - y.start);
+  for (let i = 1; i < log.length; i++) {
+    const [p, w] = [log[i - 1]!, log[i]!];
+    if (p.node === w.node) continue;
+    assert.ok(
+      w.start >= p.end,
+      `${w.node}@${w.epoch} started before ${p.node}@${p.epoch} ended`,
+    );
+    assert.ok(w.epoch > p.epoch, `epoch ${w.epoch} after ${p.epoch}`);
+  }
+}
+
+async function guardUntil<T>(
+  m: LeaseManager,
+  key: string,
+  write: (l: Lease) => T | Promise<T>,
+  limit: number,
+): Promise<T> {
+  const end = performance.now() + limit;
+  for (;;) {
+    try {
+      return await m.guard(key, write);
+    } catch (err) {
+      if (
+        !(err instanceof NotHolderError || err instanceof UnavailableError) ||
+        performance.now() > end
+      ) throw err;
+      await sleep(10);
+    }
+  }
+}
+
+describe("lease manager on a 3-node cluster", () => {
+  let cluster: NatsCluster;
+  const conns: NatsConnection[] = [];
+  before(async () => {
+    cluster = await NatsCluster.start(3);
+  });
+  after(async () => {
+    await Promise.allSettled(conns.map((c) => c.close()));
+    await cluster[Symbol.asyncDispose]();
+  });
+  async function connTo(i: number): Promise<NatsConnection> {
+    const c = await conn(cluster, i);
+    conns.push(c);
+    return c;
+  }
+
+  if (!casSafe) {
+    test(
+      `createLeaseManager() refuses a replicated bucket on nats-server ${
+        version[0]
+      } and says why`,
+      async () => {
+        const nc = await connTo(0);
+        await assert.rejects(
+          createLeaseManager({
+            nc,
+            node: "a",
+            bucket: uniq("r3"),
+            ttl: TTL,
+            replicas: 3,
+          }),
+          (e) =>
+            e instanceof Error && /2\.9\.21/.test(e.message) &&
+            /1 replica/.test(e.message),
+        );
+      },
+    );
+
+    test(
+      `createLeaseManager() keeps R1 buckets working on nats-server ${
+        version[0]
+      }`,
+      async () => {
+        const nc = await connTo(1);
+        const m = await createLeaseManager({
+          nc,
+          node: "a",
+          bucket: uniq("r1"),
+          ttl: TTL,
+          restartGrace: false,
+        });
+        assert.equal(await m.guard("k", (l) => l.node), "a");
+        await m.close();
+      },
+    );
+    return;
+  }
+
+  test("R3: three managers on different nodes exclude each other while the stream leader is killed and restarted", async () => {
+    const bucket = uniq("r3");
+    const ms: LeaseManager[] = [];
+    for (const [i, node] of ["a", "b", "c"].entries()) {
+      ms.push(
+        await createLeaseManager({
+          nc: await connTo(i),
+          node,
+          bucket,
+          ttl: TTL,
+          replicas: 3,
+        }),
+      );
+    }
+    const log: Write[] = [];
+    const errors = { notHolder: 0, unavailable: 0 };
+    let stop = false;
+    const loops = ms.map(async (m) => {
+      let n = 0;
+      while (!stop) {
+        try {
+          await m.guard("k", async ({ epoch }) => {
+            const start = performance.now();
+            await sleep(2);
+            log.push({ node: m.node, epoch, start, end: performance.now() });
+          });
+          if (++n % 30 === 0) {
+            // Hand over now and then so holders change. During an election
+            // the new manager may not reach the bucket yet: try again.
+            const i = ms.indexOf(m);
+            await m.close();
+            for (;;) {
+              try {
+                m = ms[i] = await createLeaseManager({
+                  nc: conns[i]!,
+                  node: m.node,
+                  bucket,
+                  ttl: TTL,
+                });
+                break;
+              } catch {
+                await sleep(100);
+              }
+            }
+          }
+        } catch (err) {
+          if (process.env.LEASE_DEBUG) {
+            console.log(
+              (performance.now() / 1000).toFixed(2),
+              m.node,
+              (err as Error).name,
+              (err as Error).message,
+            );
+          }
+          if (err instanceof NotHolderError) errors.notHolder++;
+          else if (err instanceof UnavailableError) errors.unavailable++;
+          else throw err;
+          await sleep(5);
+        }
+      }
+    });
+    await sleep(2 * TTL);
+    const leader = await cluster.streamLeader(`KV_${bucket}`);
+    assert.notEqual(leader, undefined, "the stream has a leader");
+    const before = log.length;
+    if (process.env.LEASE_DEBUG) {
+      console.log("kill", leader, performance.now() / 1000);
+    }
+    await cluster.kill(leader!);
+    await sleep(3 * TTL);
+    await cluster.restart(leader!);
+    // Raft elections take seconds: wait for writes to resume.
+    const deadline = performance.now() + 20_000;
+    while (log.length < before + 30 && performance.now() < deadline) {
+      await sleep(100);
+    }
+    stop = true;
+    await Promise.all(loops);
+    await Promise.all(ms.map((m) => m.close()));
+    assertExclusive(log);
+    assert.ok(before > 20, `${before} writes before the kill`);
+    assert.ok(log.length > before + 20, `${log.length - before} writes after`);
+    assert.ok(
+      new Set(log.map((w) => w.node)).size >= 2,
+      "holders changed",
+    );
+  });
+
+  test("R3: failover after the holder's connection dies takes TTL plus grace and raises the epoch", async () => {
+    const bucket = uniq("r3");
+    const doomedNc = await conn(cluster, 0);
+    const a = await createLeaseManager({
+      nc: doomedNc,
+      node: "a",
+      bucket,
+      ttl: TTL,
+      replicas: 3,
+      restartGrace: false,
+    });
+    const epochA = await a.guard("k", (l) => l.epoch);
+    const b = await createLeaseManager({
+      nc: await connTo(2),
+      node: "b",
+      bucket,
+      ttl: TTL,
+    });
+    await doomedNc.close();
+    const t = performance.now();
+    const epochB = await guardUntil(b, "k", (l) => l.epoch, 10 * TTL);
+    const took = performance.now() - t;
+    assert.ok(epochB > epochA);
+    assert.ok(took >= 1.8 * TTL, `failover after ${took.toFixed(0)} ms`);
+    await a.close();
+    await b.close();
+  });
+
+  test("R3: close() hands over to a manager on another node within tens of ms", async () => {
+    const bucket = uniq("r3");
+    const a = await createLeaseManager({
+      nc: await connTo(0),
+      node: "a",
+      bucket,
+      ttl: TTL,
+      replicas: 3,
+      restartGrace: false,
+    });
+    const b = await createLeaseManager({
+      nc: await connTo(1),
+      node: "b",
+      bucket,
+      ttl: TTL,
+    });
+    const epochA = await a.guard("k", (l) => l.epoch);
+    await assert.rejects(b.guard("k", () => {}), NotHolderError);
+    await a.close();
+    const t = performance.now();
+    const epochB = await guardUntil(b, "k", (l) => l.epoch, 2 * TTL);
+    const took = performance.now() - t;
+    assert.ok(epochB > epochA);
+    assert.ok(took < 150, `handover took ${took.toFixed(1)} ms`);
+    await b.close();
+  });
+});
