@@ -262,9 +262,9 @@ export class NotHolderError extends Error {
           ? `Lease on '${key}' was just acquired: writes wait out the failover grace, retry in ${
             Math.ceil(retryAfter)
           } ms`
-          : `Lease on '${key}' is held by ${
-            holder === undefined ? "another node" : `node '${holder}'`
-          }`),
+          : holder === undefined
+          ? `Lease on '${key}' is not held by this node`
+          : `Lease on '${key}' is held by node '${holder}'`),
     );
     this.name = "NotHolderError";
     this.key = key;
@@ -441,8 +441,6 @@ class KeyState {
   epoch = 0;
   /** Local monotonic time until which the last confirmed CAS vouches for us. */
   validUntil = 0;
-  /** Send time of the last confirmed CAS. */
-  lastSent = 0;
   /** No write before this monotonic time (failover grace). */
   notBefore = 0;
   /** This process saw another node hold the key. */
@@ -473,6 +471,7 @@ class KeyState {
 // ---------------------------------------------------------------------------
 
 interface Resolved {
+  nc: NatsConnection;
   node: string;
   ttl: number;
   timeout: number;
@@ -488,6 +487,7 @@ class Manager implements LeaseManager {
   readonly #nodeBytes: Uint8Array;
   readonly #timeout: number;
   readonly #restartGrace: boolean;
+  readonly #nc: NatsConnection;
   readonly #js: JetStreamClient;
   readonly #jsm: JetStreamManager;
   readonly #kv: KV;
@@ -514,6 +514,7 @@ class Manager implements LeaseManager {
     this.#nodeBytes = encoder.encode(o.node);
     this.#timeout = o.timeout;
     this.#restartGrace = o.restartGrace;
+    this.#nc = o.nc;
     this.#js = js;
     this.#jsm = jsm;
     this.#kv = kv;
@@ -712,8 +713,10 @@ class Manager implements LeaseManager {
         // never got), carry on from it; otherwise the lease is lost.
         let seen: Seen | null;
         try {
-          seen = at > 0 ? await this.#read(st, at) : null;
-          if (at < 0) seen = await this.#read(st);
+          // at === 0: the entry expired; at < 0: the server did not say.
+          seen = at === 0
+            ? null
+            : await this.#read(st, at > 0 ? at : undefined);
         } catch (readErr) {
           this.#scheduleRenewal(st, this.ttl / 10);
           throw new UnavailableError(
@@ -810,7 +813,6 @@ class Manager implements LeaseManager {
 
   /** A CAS sent at `sent` succeeded: we hold the key until `sent + ttl`. */
   #confirmed(st: KeyState, sent: number): void {
-    st.lastSent = sent;
     st.validUntil = sent + this.ttl;
     if (!st.controller || st.controller.signal.aborted) {
       st.controller = new AbortController();
@@ -886,7 +888,9 @@ class Manager implements LeaseManager {
     // Compare-and-delete on our own revision: it can only remove our entry.
     // A retry after a lost reply is safe for the same reason; it fails once
     // anything (our delete included) has been written after our revision.
-    while (st.held && performance.now() < st.validUntil) {
+    while (
+      st.held && performance.now() < st.validUntil && !this.#nc.isClosed()
+    ) {
       try {
         await this.#kv.delete(st.key, { previousSeq: st.rev });
         break;
@@ -1085,6 +1089,7 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     );
   }
   return {
+    nc,
     node,
     ttl,
     timeout,

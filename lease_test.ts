@@ -7,6 +7,7 @@ import { spawn } from "node:child_process";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { type KV, Kvm } from "@nats-io/kv";
 import {
@@ -390,6 +391,31 @@ describe("lease manager on one server", () => {
     const fast = await manager({ node: "c", bucket, restartGrace: false });
     assert.equal(await fast.guard("k2", () => "now"), "now");
     await a.close();
+  });
+
+  test("guard() takes over an entry the server fails to expire once its revision stood still for a TTL", async () => {
+    const bucket = uniq("b");
+    const m = await manager({ node: "b", bucket });
+    const kv = await rawKv(nc, bucket);
+    await kv.put("k", "ghost");
+    // A server that does not expire the entry (as some replicas fail to,
+    // nats-server#3653, #4754): the stream keeps it for an hour.
+    const jsm = await jetstreamManager(nc);
+    const si = await jsm.streams.info(`KV_${bucket}`);
+    await jsm.streams.update(`KV_${bucket}`, {
+      ...si.config,
+      max_age: 3_600_000_000_000,
+    });
+    const t = performance.now();
+    await assert.rejects(
+      m.guard("k", () => {}),
+      (e) => e instanceof NotHolderError && e.holder === "ghost",
+    );
+    const epoch = await guardUntil(m, "k", (l) => l.epoch);
+    const took = performance.now() - t;
+    assert.ok(epoch > 1);
+    assert.ok(took >= 2 * TTL * 0.95, `took over after ${took.toFixed(0)} ms`);
+    assert.ok(took < 2 * TTL + 500, `took over after ${took.toFixed(0)} ms`);
   });
 
   test("createLeaseManager() adopts an existing bucket's TTL and names both values on a mismatch", async () => {
