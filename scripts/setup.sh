@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Installs what the tests need, idempotently, printing one line per step:
+#   - the npm dev dependencies (Deno, Bun, Node 24 and nats.js) in node_modules;
+#   - nats-server $NATS_SERVER_VERSION, built with Go into .tools/bin;
+#   - Debian's nats-server package (/usr/sbin/nats-server, 2.9.10 on bookworm),
+#     the oldest server the tests run against.
+# Subcommand output goes to a log that is shown only when a step fails.
+set -euo pipefail
+
+NATS_SERVER_VERSION=2.15.2
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+log="$(mktemp "${TMPDIR:-/tmp}/lease-setup.XXXXXX")"
+trap 'rm -f "$log"' EXIT
+
+# Runs a command with its output sent to the log; on failure shows the log
+# and stops.
+quietly() {
+  if ! "$@" >"$log" 2>&1; then
+    echo "setup: FAILED: $*" >&2
+    tail -n 40 "$log" >&2
+    exit 1
+  fi
+}
+
+as_root() {
+  if [[ "$(id -u)" == 0 ]]; then
+    "$@"
+  elif command -v sudo >/dev/null; then
+    sudo -n "$@"
+  else
+    echo "setup: FAILED: '$*' needs root and sudo is missing" >&2
+    exit 1
+  fi
+}
+
+# 1. npm dev dependencies. npm records the installed tree in
+# node_modules/.package-lock.json, so a manifest newer than it means a
+# change since the last install.
+if [[ ! -f node_modules/.package-lock.json ||
+  package.json -nt node_modules/.package-lock.json ||
+  (-f package-lock.json && package-lock.json -nt node_modules/.package-lock.json) ]]; then
+  quietly npm install --no-audit --no-fund
+  echo "setup: npm install done ($(node_modules/.bin/deno --version | head -n 1), bun $(node_modules/.bin/bun --version), node $(node_modules/.bin/node --version))"
+else
+  echo "setup: node_modules up to date"
+fi
+
+# 2. nats-server $NATS_SERVER_VERSION in .tools/bin.
+bin=".tools/bin/nats-server"
+if [[ -x "$bin" && "$("$bin" --version 2>/dev/null)" == "nats-server: v$NATS_SERVER_VERSION" ]]; then
+  echo "setup: $bin v$NATS_SERVER_VERSION present"
+else
+  if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+    PATH="/usr/local/go/bin:$PATH"
+  fi
+  if ! command -v go >/dev/null; then
+    echo "setup: FAILED: Go is needed to build nats-server v$NATS_SERVER_VERSION (try 'apt-get install -y golang-go')" >&2
+    exit 1
+  fi
+  mkdir -p .tools/bin
+  quietly env GOBIN="$root/.tools/bin" \
+    go install "github.com/nats-io/nats-server/v2@v$NATS_SERVER_VERSION"
+  echo "setup: built $bin ($("$bin" --version))"
+fi
+
+# 3. Debian's nats-server: the oldest version the tests cover.
+if [[ -x /usr/sbin/nats-server ]]; then
+  echo "setup: /usr/sbin/nats-server present ($(/usr/sbin/nats-server --version))"
+else
+  export DEBIAN_FRONTEND=noninteractive
+  # The package lists may be missing in a fresh container; refresh them only
+  # when the package cannot be found without.
+  if ! as_root apt-get install -y nats-server >"$log" 2>&1; then
+    quietly as_root apt-get update
+    quietly as_root apt-get install -y nats-server
+  fi
+  echo "setup: installed /usr/sbin/nats-server ($(/usr/sbin/nats-server --version))"
+fi

@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# Runs the test files under each runtime (deno test, bun test, node --test)
+# against each nats-server binary, one runtime at a time, and sums the
+# results.
+#
+# Usage: bash scripts/test.sh [--runtime deno|bun|node]... [--server current|oldest]... [files...]
+#
+#   --runtime R  run only runtime R (repeatable; default: deno, bun and node)
+#   --server S   run only against server S (repeatable; default: both)
+#                  current = .tools/bin/nats-server (built by scripts/setup.sh)
+#                  oldest  = /usr/sbin/nats-server (Debian's 2.9.10)
+#   files        test files (default: every *_test.ts in the repo root and
+#                test_util/)
+#
+# Environment:
+#   LEASE_TEST_TIMEOUT      per-test timeout in ms for bun and node, also
+#                           passed to the tests (default 120000)
+#   LEASE_TEST_RUN_TIMEOUT  seconds one runtime may take for all files before
+#                           it is killed (default 900)
+#   LEASE_SKIP_SETUP=1      do not run scripts/setup.sh first
+#
+# Prints one line per runtime and server, e.g.
+#   deno  server 2.15.2: 12 passed, 0 failed (34 s)
+# and last "N passed, N failed". Exits non-zero if anything failed. Each
+# run's full output is kept in a log under a temp dir; a failing run's tail is
+# printed.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+usage() {
+  sed -n '6,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+runtimes=()
+servers=()
+files=()
+while (($# > 0)); do
+  case "$1" in
+  --runtime | --server)
+    if (($# < 2)); then
+      echo "test.sh: $1 needs a value" >&2
+      exit 2
+    fi
+    if [[ "$1" == --runtime ]]; then runtimes+=("$2"); else servers+=("$2"); fi
+    shift 2
+    ;;
+  --runtime=*) runtimes+=("${1#*=}") && shift ;;
+  --server=*) servers+=("${1#*=}") && shift ;;
+  -h | --help) usage && exit 0 ;;
+  --) shift && files+=("$@") && break ;;
+  -*) echo "test.sh: unknown option '$1'" >&2 && usage >&2 && exit 2 ;;
+  *) files+=("$1") && shift ;;
+  esac
+done
+((${#runtimes[@]} > 0)) || runtimes=(deno bun node)
+((${#servers[@]} > 0)) || servers=(current oldest)
+for r in "${runtimes[@]}"; do
+  [[ "$r" =~ ^(deno|bun|node)$ ]] || {
+    echo "test.sh: --runtime must be deno, bun or node: received '$r'" >&2
+    exit 2
+  }
+done
+for s in "${servers[@]}"; do
+  [[ "$s" =~ ^(current|oldest)$ ]] || {
+    echo "test.sh: --server must be current or oldest: received '$s'" >&2
+    exit 2
+  }
+done
+
+if [[ "${LEASE_SKIP_SETUP:-}" != 1 ]]; then
+  bash scripts/setup.sh
+fi
+
+if ((${#files[@]} == 0)); then
+  mapfile -t files < <(
+    find . -maxdepth 1 -name '*_test.ts' -type f
+    find test_util -name '*_test.ts' -type f -not -path '*/node_modules/*' 2>/dev/null
+  )
+  mapfile -t files < <(printf '%s\n' "${files[@]}" | sed 's#^\./##' | sort)
+fi
+if ((${#files[@]} == 0)); then
+  echo "test.sh: no *_test.ts files found" >&2
+  exit 2
+fi
+# Bun treats an argument without a path prefix as a name filter.
+for i in "${!files[@]}"; do
+  [[ -f "${files[$i]}" ]] || {
+    echo "test.sh: no such test file: ${files[$i]}" >&2
+    exit 2
+  }
+  [[ "${files[$i]}" == /* || "${files[$i]}" == ./* ]] || files[i]="./${files[$i]}"
+done
+
+per_test_timeout="${LEASE_TEST_TIMEOUT:-120000}"
+run_timeout="${LEASE_TEST_RUN_TIMEOUT:-900}"
+export LEASE_TEST_TIMEOUT="$per_test_timeout"
+export NO_COLOR=1
+
+logdir="$(mktemp -d "${TMPDIR:-/tmp}/lease-tests.XXXXXX")"
+echo "test files: ${files[*]}"
+echo "logs: $logdir"
+
+# Each run gets its own process group (coreutils timeout makes one), so any
+# nats-server a crashed or timed-out runtime leaves behind is killed with it.
+group=""
+cleanup_group() {
+  if [[ -n "$group" ]]; then
+    kill -KILL -- "-$group" 2>/dev/null || true
+    group=""
+  fi
+}
+trap 'cleanup_group' EXIT
+trap 'cleanup_group; exit 130' INT TERM
+
+server_binary() {
+  case "$1" in
+  current) echo "$root/.tools/bin/nats-server" ;;
+  oldest) echo "/usr/sbin/nats-server" ;;
+  esac
+}
+
+# Counts leaf tests in deno's pretty output, as "PASSED FAILED". Deno's own
+# summary counts top-level tests only ("12 passed (69 steps)": a describe()
+# group counts once and its tests are "steps"), while bun and node count
+# every test; counting leaves keeps the runtimes comparable. A group opens
+# with "name ..." and closes with "name ... ok|FAILED" at the same indent
+# after nested results; a test with captured output looks the same, minus
+# the nested results.
+deno_leaves() {
+  local re_open='^( *)(.*) \.\.\.$'
+  local re_result='^( *)(.*) \.\.\. (ok|FAILED|ignored)( \([^)]*\))*$'
+  local -a names=() indents=() kids=()
+  local passed=0 failed=0 in_output=0 line indent name result n leaf
+  while IFS= read -r line; do
+    if ((in_output)); then
+      [[ "$line" =~ ^\ *-----\ output\ end\ -----$ ]] && in_output=0
+      continue
+    fi
+    if [[ "$line" =~ ^\ *-------\ output\ -------$ ]]; then
+      in_output=1
+    elif [[ "$line" =~ $re_result ]]; then
+      indent=${#BASH_REMATCH[1]}
+      name=${BASH_REMATCH[2]}
+      result=${BASH_REMATCH[3]}
+      n=${#names[@]}
+      leaf=1
+      if ((n > 0)) && [[ "${names[n - 1]}" == "$name" &&
+        "${indents[n - 1]}" == "$indent" ]]; then
+        ((kids[n - 1] == 0)) || leaf=0
+        unset 'names[n-1]' 'indents[n-1]' 'kids[n-1]'
+        n=$((n - 1))
+      fi
+      ((n == 0)) || kids[n - 1]=$((kids[n - 1] + 1))
+      if ((leaf)); then
+        case "$result" in
+        ok) passed=$((passed + 1)) ;;
+        FAILED) failed=$((failed + 1)) ;;
+        esac
+      fi
+    elif [[ "$line" =~ $re_open ]]; then
+      names+=("${BASH_REMATCH[2]}")
+      indents+=("${#BASH_REMATCH[1]}")
+      kids+=(0)
+    fi
+  done <<<"$1"
+  echo "$passed $failed"
+}
+
+# Prints "PASSED FAILED" from a runtime's summary, or nothing when there is
+# none (the runtime crashed or was killed).
+parse_summary() {
+  local runtime="$1" log="$2" clean passed failed cancelled
+  clean="$(sed 's/\x1b\[[0-9;]*m//g' "$log")"
+  case "$runtime" in
+  deno)
+    # "ok | 8 passed | 0 failed (13s)" or "FAILED | 5 passed (9 steps) |
+    # 3 failed (4 steps) ...". With steps, count leaves instead, but never
+    # report fewer failures than the summary (a group can fail in a hook
+    # with every test in it passing).
+    local line
+    line="$(grep -E '^(ok|FAILED) \| [0-9]+ passed' <<<"$clean" | tail -n 1)" || return 0
+    passed="$(sed -E 's/^[^|]*\| ([0-9]+) passed.*/\1/' <<<"$line")"
+    failed="$(sed -E 's/.*\| ([0-9]+) failed.*/\1/' <<<"$line")"
+    if [[ "$line" == *step* ]]; then
+      local top_failed="$failed"
+      read -r passed failed < <(deno_leaves "$clean")
+      ((failed > 0 || top_failed == 0)) || failed="$top_failed"
+    fi
+    ;;
+  bun)
+    # " 8 pass" and " 0 fail" lines after the results.
+    passed="$(grep -E '^ *[0-9]+ pass$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || return 0
+    failed="$(grep -E '^ *[0-9]+ fail$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || return 0
+    ;;
+  node)
+    # "ℹ pass 8", "ℹ fail 0", "ℹ cancelled 0"; a cancelled test failed too.
+    passed="$(grep -E '^ℹ pass [0-9]+$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || return 0
+    failed="$(grep -E '^ℹ fail [0-9]+$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || return 0
+    cancelled="$(grep -E '^ℹ cancelled [0-9]+$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || cancelled=0
+    failed=$((failed + ${cancelled:-0}))
+    ;;
+  esac
+  [[ -n "$passed" && -n "$failed" ]] && echo "$passed $failed"
+}
+
+total_passed=0
+total_failed=0
+for runtime in "${runtimes[@]}"; do
+  for server in "${servers[@]}"; do
+    bin="$(server_binary "$server")"
+    if [[ -x "$bin" ]]; then
+      version="$("$bin" --version 2>/dev/null | sed -E 's/^.*v([0-9][^ ]*).*$/\1/')"
+    else
+      version="$server (missing: $bin)"
+    fi
+    log="$logdir/$runtime-$server.log"
+    case "$runtime" in
+    deno) cmd=(node_modules/.bin/deno test -A "${files[@]}") ;;
+    bun) cmd=(node_modules/.bin/bun test --timeout "$per_test_timeout" "${files[@]}") ;;
+    node)
+      cmd=(node_modules/.bin/node --test --test-concurrency=1
+        "--test-timeout=$per_test_timeout" "${files[@]}")
+      ;;
+    esac
+    echo "+ NATS_SERVER_BIN=$bin ${cmd[*]}" >"$log"
+    started=$SECONDS
+    NATS_SERVER_BIN="$bin" timeout -k 10 "$run_timeout" "${cmd[@]}" \
+      </dev/null >>"$log" 2>&1 &
+    group=$!
+    rc=0
+    wait "$group" || rc=$?
+    cleanup_group
+    elapsed=$((SECONDS - started))
+
+    summary="$(parse_summary "$runtime" "$log")"
+    note=""
+    if [[ -z "$summary" ]]; then
+      passed=0
+      failed=1
+      if ((rc == 124 || rc == 137)); then
+        note=" [killed after ${run_timeout} s, no summary]"
+      else
+        note=" [no summary, exit code $rc]"
+      fi
+    else
+      read -r passed failed <<<"$summary"
+      if ((rc != 0 && failed == 0)); then
+        # E.g. an error outside any test, or a leak the runner reports.
+        failed=1
+        note=" [exit code $rc]"
+      fi
+    fi
+    printf '%-5s server %s: %d passed, %d failed (%d s)%s\n' \
+      "$runtime" "$version" "$passed" "$failed" "$elapsed" "$note"
+    if ((failed > 0)); then
+      echo "----- tail of $log -----"
+      tail -n 80 "$log"
+      echo "----- end of $log -----"
+    fi
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failed))
+  done
+done
+
+echo "$total_passed passed, $total_failed failed"
+((total_failed == 0))
