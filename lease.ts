@@ -55,13 +55,34 @@ export const DEFAULT_TTL = 15_000;
 /** The smallest TTL that renewal (every TTL/3, with request timeouts) can work with. */
 export const MIN_TTL = 500;
 
+/**
+ * The NATS connection a manager works over: any `NatsConnection` of
+ * `@nats-io/nats-core`, made with any transport (`@nats-io/transport-node`,
+ * `wsconnect`, ...). Declared by the members the manager itself reads, so
+ * the published types stand on their own.
+ *
+ * @example Connect with the Node transport
+ * ```ts ignore
+ * import { connect } from "@nats-io/transport-node";
+ * const nc: Connection = await connect({ servers: "127.0.0.1:4222" });
+ * ```
+ */
+export interface Connection {
+  /** The server's info; its `version` decides whether replicated buckets are safe. */
+  readonly info?: { readonly version: string } | undefined;
+  /** Whether the connection is closed for good. */
+  isClosed(): boolean;
+  /** Request-reply, on which JetStream runs. */
+  request(subject: string): Promise<unknown>;
+}
+
 /** Options of {@linkcode createLeaseManager}. */
 export interface LeaseManagerOptions {
   /**
    * The caller's NATS connection, over any transport. The manager never
    * closes it.
    */
-  nc: NatsConnection;
+  nc: Connection;
   /**
    * This process's id across the cluster, stored as the lease entry's value.
    * Must not be blank.
@@ -471,7 +492,7 @@ class KeyState {
 // ---------------------------------------------------------------------------
 
 interface Resolved {
-  nc: NatsConnection;
+  nc: NatsConnection; // checked to be one in resolveOptions
   node: string;
   ttl: number;
   timeout: number;
@@ -943,7 +964,7 @@ export async function createLeaseManager(
 ): Promise<LeaseManager> {
   const o = resolveOptions(options);
   if (o.signal?.aborted) throw abortReason(o.signal);
-  const nc = options.nc;
+  const nc = o.nc;
   // Creating a replicated stream can take longer than a lease operation may.
   const setupTimeout = Math.max(o.timeout, 5_000);
   const jsm = await jetstreamManager(nc, { timeout: setupTimeout });
@@ -1089,7 +1110,8 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     );
   }
   return {
-    nc,
+    // Everything else of a NatsConnection is used through nats.js itself.
+    nc: nc as unknown as NatsConnection,
     node,
     ttl,
     timeout,

@@ -68,7 +68,7 @@ describe("lease manager on one server", () => {
     opts: Partial<LeaseManagerOptions> & { node: string },
   ): Promise<LeaseManager> {
     const c = opts.nc ?? await conn(ns.url);
-    if (!opts.nc) conns.push(c);
+    if (!opts.nc) conns.push(c as NatsConnection);
     const m = await createLeaseManager({ ttl: TTL, ...opts, nc: c });
     managers.push(m);
     return m;
@@ -165,7 +165,7 @@ describe("lease manager on one server", () => {
       restartGrace: false,
     });
     assert.equal(await m.guard("k", () => 42), 42);
-    assert.equal(await m.guard("k", async () => "x"), "x");
+    assert.equal(await m.guard("k", () => Promise.resolve("x")), "x");
     const boom = new Error("boom");
     await assert.rejects(
       m.guard("k", () => {

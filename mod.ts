@@ -30,6 +30,7 @@
  */
 
 export {
+  type Connection,
   createLeaseManager,
   DEFAULT_TTL,
   type GuardOptions,
