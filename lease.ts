@@ -260,7 +260,7 @@ export class NotHolderError extends Error {
   readonly key: string;
   /** The node seen holding the key, when known (`undefined` in the grace). */
   readonly holder: string | undefined;
-  /** Milliseconds until the grace ends and this node may write; `undefined` when another node holds the key. */
+  /** Whole milliseconds until the grace ends and this node may write; `undefined` when another node holds the key. */
   readonly retryAfter: number | undefined;
 
   /**
@@ -543,6 +543,9 @@ class Manager implements LeaseManager {
     this.#direct = direct;
     this.#signal = o.signal;
     this.#signal?.addEventListener("abort", this.#onAbort, { once: true });
+    // A connection closed for good can neither renew nor release: stop the
+    // timers (so the process can exit) and stop vouching for any lease.
+    void o.nc.closed().then(() => this.#connectionClosed());
   }
 
   #state(key: string): KeyState {
@@ -573,7 +576,7 @@ class Manager implements LeaseManager {
     const st = this.#state(key);
     // A key in its grace needs no round trip to be refused.
     const wait = st.held ? st.notBefore - performance.now() : 0;
-    if (wait > 0) throw new NotHolderError(key, undefined, wait);
+    if (wait > 0) throw new NotHolderError(key, undefined, Math.ceil(wait));
 
     await this.#sync(st, signal);
 
@@ -582,7 +585,7 @@ class Manager implements LeaseManager {
     if (!st.held) throw new NotHolderError(key, st.foreign);
     const now = performance.now();
     if (now < st.notBefore) {
-      throw new NotHolderError(key, undefined, st.notBefore - now);
+      throw new NotHolderError(key, undefined, Math.ceil(st.notBefore - now));
     }
     if (
       now >= st.validUntil || !st.controller || st.controller.signal.aborted
@@ -853,7 +856,7 @@ class Manager implements LeaseManager {
 
   #scheduleRenewal(st: KeyState, delay: number): void {
     clearTimeout(st.renewTimer);
-    if (this.#closing) return;
+    if (this.#closing || this.#nc.isClosed()) return;
     st.renewTimer = setTimeout(() => {
       st.renewTimer = undefined;
       if (st.held && !this.#closing) void this.#sync(st, undefined);
@@ -879,6 +882,23 @@ class Manager implements LeaseManager {
     clearTimeout(st.expiryTimer);
     st.renewTimer = st.expiryTimer = undefined;
     st.controller?.abort(new NotHolderError(st.key, st.foreign));
+  }
+
+  #connectionClosed(): void {
+    for (const st of this.#keys.values()) {
+      clearTimeout(st.renewTimer);
+      clearTimeout(st.expiryTimer);
+      st.renewTimer = st.expiryTimer = undefined;
+      if (st.held) {
+        st.held = false;
+        st.controller?.abort(
+          new UnavailableError(
+            st.key,
+            `Lease on '${st.key}' can no longer be renewed: the NATS connection is closed`,
+          ),
+        );
+      }
+    }
   }
 
   close(): Promise<void> {
@@ -951,7 +971,7 @@ function errText(err: unknown): string {
  * @example Guard writes to a store
  * ```ts ignore
  * import { connect } from "@nats-io/transport-node";
- * import { createLeaseManager } from "./mod.ts";
+ * import { createLeaseManager } from "@nats-lease/lease";
  *
  * const nc = await connect({ servers: "127.0.0.1:4222" });
  * await using leases = await createLeaseManager({ nc, node: "node-a", ttl: 5_000 });

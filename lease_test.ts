@@ -923,4 +923,25 @@ describe("lease holder in a child process", () => {
     const entry = await (await rawKv(nc, bucket)).get("k");
     assert.equal(entry?.operation, "DEL");
   });
+
+  test("closing the connection without close() stops every timer: the process exits by itself", async () => {
+    const bucket = uniq("b");
+    const c = startChild({
+      NATS_URL: ns.url,
+      LEASE_BUCKET: bucket,
+      LEASE_KEY: "k",
+      LEASE_NODE: "dropped",
+      LEASE_TTL: "5000",
+      LEASE_MODE: "drop",
+    });
+    await c.until((e) => e.ev === "closed", 15_000);
+    const closedAt = performance.now();
+    const code = await Promise.race([c.exited, sleep(3000).then(() => "hung")]);
+    if (code === "hung") signal(c.child.pid!, "SIGKILL");
+    assert.equal(code, 0, `exit: ${code}; ${c.stderr()}`);
+    assert.ok(performance.now() - closedAt < 3000);
+    // Not released (it could not be): the entry ages out after the TTL.
+    const entry = await (await rawKv(nc, bucket)).get("k");
+    assert.equal(entry?.string(), "dropped");
+  });
 });

@@ -4,7 +4,8 @@
 //
 // Environment: NATS_URL, LEASE_BUCKET, LEASE_KEY, LEASE_NODE, LEASE_TTL,
 // LEASE_MODE ("loop": guarded writes of LEASE_WRITE_MS each, forever;
-// "once": one guarded write, then close() and exit).
+// "once": one guarded write, then close() and exit; "drop": one guarded
+// write, then close the connection without close()).
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
 import { createLeaseManager, NotHolderError } from "../mod.ts";
@@ -30,7 +31,7 @@ const key = env.LEASE_KEY!;
 const writeMs = Number(env.LEASE_WRITE_MS ?? 100);
 say("ready");
 
-if (env.LEASE_MODE === "once") {
+if (env.LEASE_MODE === "once" || env.LEASE_MODE === "drop") {
   for (;;) {
     try {
       await leases.guard(key, ({ epoch }) => say("start", { epoch }));
@@ -40,7 +41,7 @@ if (env.LEASE_MODE === "once") {
       await sleep(20);
     }
   }
-  await leases.close();
+  if (env.LEASE_MODE === "once") await leases.close();
   await nc.close();
   say("closed");
 } else {
