@@ -9,17 +9,14 @@ import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
   createLeaseManager,
-  type Lease,
   type LeaseManager,
   NotHolderError,
   UnavailableError,
 } from "./mod.ts";
+import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
 import { NatsCluster, natsServerBinary } from "./test_util/nats_server.ts";
 
 const TTL = 1000;
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-let seq = 0;
-const uniq = (p: string) => `${p}${Date.now() % 1e6}x${seq++}`;
 
 const version = /v?(\d+)\.(\d+)\.(\d+)/.exec(
   execFileSync(natsServerBinary(), ["--version"], { encoding: "utf8" }),
@@ -63,26 +60,6 @@ function assertExclusive(log: Write[]): void {
       `${w.node}@${w.epoch} started before ${p.node}@${p.epoch} ended`,
     );
     assert.ok(w.epoch > p.epoch, `epoch ${w.epoch} after ${p.epoch}`);
-  }
-}
-
-async function guardUntil<T>(
-  m: LeaseManager,
-  key: string,
-  write: (l: Lease) => T | Promise<T>,
-  limit: number,
-): Promise<T> {
-  const end = performance.now() + limit;
-  for (;;) {
-    try {
-      return await m.guard(key, write);
-    } catch (err) {
-      if (
-        !(err instanceof NotHolderError || err instanceof UnavailableError) ||
-        performance.now() > end
-      ) throw err;
-      await sleep(10);
-    }
   }
 }
 
