@@ -26,6 +26,7 @@
  */
 
 import { spawn } from "node:child_process";
+import { createHash } from "node:crypto";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -220,6 +221,8 @@ export interface BenchReport {
   };
   runtime: { name: "deno" | "bun" | "node"; version: string };
   server: { version: string; storage: "file"; replicas: 1 };
+  /** First 12 hex digits of the SHA-256 of the lease.ts measured. */
+  leaseSha256: string;
   runs: number;
   latency: null | {
     ops: number;
@@ -997,6 +1000,9 @@ export async function runBench(
     },
     runtime: runtime(),
     server: { version: "", storage: "file", replicas: 1 },
+    leaseSha256: createHash("sha256").update(
+      fs.readFileSync(new URL("../lease.ts", import.meta.url)),
+    ).digest("hex").slice(0, 12),
     runs: cfg.runs,
     latency: null,
     throughput: null,
@@ -1152,7 +1158,7 @@ function bareCells(b: BareScaleRun): string {
  */
 export function table(r: BenchReport): string {
   const out: string[] = [
-    `nats-lease bench (${r.mode}): ${r.runtime.name} ${r.runtime.version}, nats-server ${r.server.version} (R1, file storage), ${r.machine.cores} cores (${r.machine.cpuModel}), ${r.machine.platform}; rows 1-3 are medians of ${r.runs} interleaved runs`,
+    `nats-lease bench (${r.mode}): ${r.runtime.name} ${r.runtime.version}, nats-server ${r.server.version} (R1, file storage), ${r.machine.cores} cores (${r.machine.cpuModel}), ${r.machine.platform}, lease.ts ${r.leaseSha256}; rows 1-3 are medians of ${r.runs} interleaved runs, ratios medians of per-run ratios`,
     "",
     "| # | measure | lease | baseline (same run) | ratio | target |",
     "| - | - | - | - | - | - |",
