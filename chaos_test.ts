@@ -24,9 +24,9 @@ const TTL = 1000;
 const OPTS = { ttl: TTL, slack: 750, handover: 100, runEnd: 1e9 };
 
 let nextId = 0;
-/** A write on `k` from `node` at `epoch` spanning store seqs [b, e], times in ms. */
+/** A write on `k` from process `proc` at `epoch` spanning store seqs [b, e], times in ms. */
 function write(
-  node: string,
+  proc: string,
   epoch: number,
   b: number,
   e: number,
@@ -35,7 +35,8 @@ function write(
   return {
     id: ++nextId,
     key: "k",
-    node,
+    node: proc,
+    proc,
     epoch,
     called: b * 10 - 2,
     start: b * 10,
@@ -87,7 +88,7 @@ describe("checkHistory()", () => {
     });
     const paused = fault({
       kind: "holder-pause",
-      node: "a",
+      proc: "a",
       paused: { from: 10, to: 2.4 * TTL },
     });
     const ok = checkHistory([older, write("b", 9, 2, 3)], [paused], OPTS);
@@ -114,6 +115,18 @@ describe("checkHistory()", () => {
         ?.check,
       1,
     );
+  });
+
+  test("checkHistory() tells writers apart by process: a restarted process reusing a node id is another writer (checks 1 and 4)", () => {
+    const r = checkHistory(
+      [
+        write("a", 5, 1, 3),
+        { ...write("a2", 5, 2, 4), node: "a" },
+      ],
+      [],
+      OPTS,
+    );
+    assert.deepEqual(r.violations.map((v) => v.check), [1, 4]);
   });
 
   test("checkHistory() reports two nodes writing at once with the same epoch (check 1)", () => {
@@ -161,7 +174,7 @@ describe("checkHistory()", () => {
   });
 
   test("checkHistory() bounds failover after a kill by TTL + grace + slack and after a clean shutdown by the handover bound (check 5)", () => {
-    const kill = fault({ kind: "holder-kill", node: "a", at: 0, keys: ["k"] });
+    const kill = fault({ kind: "holder-kill", proc: "a", at: 0, keys: ["k"] });
     const fast = checkHistory(
       [write("a", 5, 1, 2, { start: -50, endAt: -40 }), {
         ...write("b", 9, 3, 4),
@@ -180,7 +193,7 @@ describe("checkHistory()", () => {
     assert.deepEqual(slow.violations.map((v) => v.check), [5]);
 
     // Clean shutdown: measured from the end of the holder's last write.
-    const term = fault({ kind: "holder-term", node: "a", at: 0, keys: ["k"] });
+    const term = fault({ kind: "holder-term", proc: "a", at: 0, keys: ["k"] });
     const r = checkHistory(
       [
         write("a", 5, 1, 2, { start: -10, endAt: 30 }),
@@ -217,6 +230,7 @@ describe("FencedStore", () => {
     const a = store.begin({
       key: "k",
       node: "a",
+      proc: "a",
       epoch: 5,
       called: 0,
       start: 0,
@@ -225,6 +239,7 @@ describe("FencedStore", () => {
     const b = store.begin({
       key: "k",
       node: "b",
+      proc: "b",
       epoch: 9,
       called: 0,
       start: 0,
@@ -235,6 +250,7 @@ describe("FencedStore", () => {
     const late = store.begin({
       key: "k",
       node: "a",
+      proc: "a",
       epoch: 5,
       called: 0,
       start: 0,
@@ -247,7 +263,14 @@ describe("FencedStore", () => {
     ]);
     // Another key has its own fence.
     assert.equal(
-      store.begin({ key: "j", node: "a", epoch: 1, called: 0, start: 0 }).ok,
+      store.begin({
+        key: "j",
+        node: "a",
+        proc: "a",
+        epoch: 1,
+        called: 0,
+        start: 0,
+      }).ok,
       true,
     );
   });
@@ -378,7 +401,7 @@ describe("chaos harness against a real nats-server", () => {
     assert.equal(nograce.code, 1, nograce.out);
     assert.ok(
       (nograce.report.violations[
-        "1. no overlapping writes of two nodes on a key (unless fenced, paused)"
+        "1. no overlapping writes of two writers on a key (unless fenced, paused)"
       ] ?? 0) > 0,
       nograce.out,
     );

@@ -19,13 +19,15 @@
  *
  * Faults, one at a time, each followed by a wait until every key has been
  * written again, then a quiet gap of 0.5 to 1.5 TTL:
- * - `holder-kill`: SIGKILL a worker holding a key; start a replacement.
+ * - `holder-kill`: SIGKILL a worker holding a key; start a replacement,
+ *   half the time under the dead worker's node id (a restarted service).
  * - `holder-pause`: SIGSTOP a holder (caught within 3 ms of beginning a
  *   write at the store, when one turns up within 2 s) for 1.2 to 3 TTL
  *   (`--holder-pause`), then SIGCONT: past the TTL, so its lease expires,
  *   and past TTL plus grace about half the time, so a successor may begin
  *   while its write is still open and only the fence can refuse it.
- * - `holder-term`: SIGTERM a holder (clean shutdown); start a replacement.
+ * - `holder-term`: SIGTERM a holder (clean shutdown); start a replacement,
+ *   again half the time under its node id.
  * - `server-kill` (single): SIGKILL the server, restart it 0.3 to 2.5 TTL later.
  * - `server-pause` (single): SIGSTOP the server for 1.2 to 2.5 TTL.
  * - `leader-kill` (cluster): SIGKILL the bucket's stream leader, restart it
@@ -254,6 +256,9 @@ interface WorkerStats {
 
 /** One worker process. */
 class Worker {
+  /** Name of the process in the history, `w{index}-{runtime}`. */
+  readonly proc: string;
+  /** Lease node id: its own name, or a dead worker's that it reuses. */
   readonly node: string;
   readonly runtime: Runtime;
   readonly child: ChildProcess;
@@ -272,7 +277,13 @@ class Worker {
   stderr = "";
   readonly exit: Promise<void>;
 
-  constructor(node: string, runtime: Runtime, env: Record<string, string>) {
+  constructor(
+    proc: string,
+    node: string,
+    runtime: Runtime,
+    env: Record<string, string>,
+  ) {
+    this.proc = proc;
     this.node = node;
     this.runtime = runtime;
     const bin = runtimeBinary(runtime);
@@ -460,9 +471,11 @@ async function main(): Promise<number> {
   const faults: FaultRecord[] = [];
   let nextIndex = 0;
 
-  const spawnWorker = (runtime: Runtime): Worker => {
-    const node = `w${nextIndex++}-${runtime}`;
-    const w = new Worker(node, runtime, {
+  const spawnWorker = (runtime: Runtime, reuse?: string): Worker => {
+    const proc = `w${nextIndex++}-${runtime}`;
+    const node = reuse ?? proc;
+    const w = new Worker(proc, node, runtime, {
+      CHAOS_PROC: proc,
       CHAOS_NATS: servers.urls.join(","),
       CHAOS_STORE: http.url,
       CHAOS_NODE: node,
@@ -474,10 +487,10 @@ async function main(): Promise<number> {
     });
     workers.push(w);
     void w.exit.then(() => {
-      store.abandon(w.node, `worker exited (${w.exitSignal ?? w.exitCode})`);
+      store.abandon(w.proc, `worker exited (${w.exitSignal ?? w.exitCode})`);
       if (!w.stopping) {
         errors.push(
-          `worker ${w.node} exited unexpectedly (code ${w.exitCode}, signal ${w.exitSignal}): ${
+          `worker ${w.proc} exited unexpectedly (code ${w.exitCode}, signal ${w.exitSignal}): ${
             w.stderr.trim().slice(-2000)
           }`,
         );
@@ -507,7 +520,7 @@ async function main(): Promise<number> {
       worker,
       keys: keys.filter((k) => {
         const last = store.last(k);
-        return last?.node === worker.node && now - last.beginAt < o.ttl;
+        return last?.proc === worker.proc && now - last.beginAt < o.ttl;
       }),
     })).filter((h) => h.keys.length > 0);
   };
@@ -533,11 +546,11 @@ async function main(): Promise<number> {
     while (Date.now() < deadline) {
       const now = Date.now();
       const fresh = store.open().filter((w) =>
-        now - w.beginAt <= 3 && hs.some((h) => h.worker.node === w.node)
+        now - w.beginAt <= 3 && hs.some((h) => h.worker.proc === w.proc)
       );
       if (fresh.length > 0) {
-        const node = victims.pick(fresh).node;
-        return hs.find((h) => h.worker.node === node);
+        const proc = victims.pick(fresh).proc;
+        return hs.find((h) => h.worker.proc === proc);
       }
       await sleep(1);
     }
@@ -549,6 +562,9 @@ async function main(): Promise<number> {
     if (kind.startsWith("holder-")) {
       // Drawn now whatever happens, to keep the plan's sequence fixed.
       const replacement = plan.pick(RUNTIMES);
+      // Half the replacements restart under the dead worker's node id, as
+      // a restarted service would.
+      const reuse = plan.next() < 0.5;
       const pauseMs = plan.between(o.holderPause[0], o.holderPause[1]) *
         o.ttl;
       const hs = holders();
@@ -561,14 +577,20 @@ async function main(): Promise<number> {
         w.stopping = true;
         w.signal("SIGKILL");
         await w.waitExit(10_000);
-        spawnWorker(replacement);
-        log(`fault #${index} holder-kill ${w.node} (held ${h.keys})`);
+        const next = spawnWorker(replacement, reuse ? w.node : undefined);
+        log(
+          `fault #${index} holder-kill ${w.proc} (held ${h.keys}); replaced by ${next.proc}${
+            reuse ? ` as node ${w.node}` : ""
+          }`,
+        );
         return {
           index,
           kind,
           at,
           end: Date.now(),
+          proc: w.proc,
           node: w.node,
+          replacement: next.node,
           keys: h.keys,
           recovered: true,
         };
@@ -577,28 +599,32 @@ async function main(): Promise<number> {
         w.stopping = true;
         w.signal("SIGTERM");
         if (!(await w.waitExit(3 * o.ttl + 5_000))) {
-          errors.push(`worker ${w.node} did not exit after SIGTERM`);
+          errors.push(`worker ${w.proc} did not exit after SIGTERM`);
           w.signal("SIGKILL");
           await w.waitExit(10_000);
         } else if (w.exitCode !== 0) {
           errors.push(
-            `worker ${w.node} exited with code ${w.exitCode} after SIGTERM: ${
+            `worker ${w.proc} exited with code ${w.exitCode} after SIGTERM: ${
               w.stderr.trim().slice(-2000)
             }`,
           );
         }
-        spawnWorker(replacement);
+        const next = spawnWorker(replacement, reuse ? w.node : undefined);
         log(
-          `fault #${index} holder-term ${w.node} (held ${h.keys}; SIGTERM seen after ${
+          `fault #${index} holder-term ${w.proc} (held ${h.keys}; SIGTERM seen after ${
             (w.termSeen ?? NaN) - at
-          } ms, leases released after ${(w.released ?? NaN) - at} ms)`,
+          } ms, leases released after ${
+            (w.released ?? NaN) - at
+          } ms); replaced by ${next.proc}${reuse ? ` as node ${w.node}` : ""}`,
         );
         return {
           index,
           kind,
           at,
           end: Date.now(),
+          proc: w.proc,
           node: w.node,
+          replacement: next.node,
           keys: h.keys,
           recovered: true,
         };
@@ -612,7 +638,7 @@ async function main(): Promise<number> {
       await resumeProcess(w.pid).catch(() => {});
       w.paused = false;
       log(
-        `fault #${index} holder-pause ${w.node} for ${
+        `fault #${index} holder-pause ${w.proc} for ${
           to - at
         } ms (held ${h.keys})`,
       );
@@ -621,6 +647,7 @@ async function main(): Promise<number> {
         kind,
         at,
         end: Date.now(),
+        proc: w.proc,
         node: w.node,
         keys: h.keys,
         paused: { from: at, to },
@@ -707,7 +734,7 @@ async function main(): Promise<number> {
     for (let i = 0; i < o.workers; i++) spawnWorker(order[i % order.length]!);
     log(
       `${o.mode} mode, seed ${o.seed}, nats-server ${servers.version}, ${o.workers} workers (${
-        workers.map((w) => w.node).join(" ")
+        workers.map((w) => w.proc).join(" ")
       }), keys ${keys}, TTL ${o.ttl} ms${
         o.broken ? `, BROKEN VARIANT '${o.broken}'` : ""
       }`,
@@ -745,7 +772,7 @@ async function main(): Promise<number> {
     }
     await Promise.all(workers.map(async (w) => {
       if (!(await w.waitExit(3 * o.ttl + 5_000))) {
-        errors.push(`worker ${w.node} did not exit after the final SIGTERM`);
+        errors.push(`worker ${w.proc} did not exit after the final SIGTERM`);
         w.signal("SIGKILL");
         await w.waitExit(10_000);
       }
@@ -791,7 +818,7 @@ interface Report {
   slackMs: number;
   handoverBoundMs: number;
   seconds: number;
-  workers: { node: string; runtime: string }[];
+  workers: { proc: string; node: string; runtime: string }[];
   runtimes: Record<string, number>;
   writes: {
     attempted: number;
@@ -881,7 +908,11 @@ function summarize(
     slackMs: o.slack,
     handoverBoundMs: o.handover,
     seconds: Math.round(extra.seconds),
-    workers: workers.map((w) => ({ node: w.node, runtime: w.runtime })),
+    workers: workers.map((w) => ({
+      proc: w.proc,
+      node: w.node,
+      runtime: w.runtime,
+    })),
     runtimes,
     writes: {
       attempted: sum((s) => s.attempted),
@@ -930,7 +961,7 @@ function printReport(r: Report): void {
     }${r.broken ? `, BROKEN VARIANT '${r.broken}'` : ""}`,
   );
   console.log(
-    "faults (worst: ms until another node wrote each key the victim held; for server faults, until every key was written after the fault was lifted; outage: ms in which no compare-and-set could be acknowledged)",
+    "faults (worst: ms until another node wrote each key the victim held; for server faults, until every key was written after the fault was lifted; outage: a lower bound of the time no compare-and-set could be acknowledged)",
   );
   row("kind", "count", "worst ms", "bound ms", "outage ms");
   for (const [kind, f] of Object.entries(r.faults)) {

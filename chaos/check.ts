@@ -38,8 +38,14 @@ export interface WriteRecord {
   readonly id: number;
   /** The store key (lease key). */
   readonly key: string;
-  /** The writer's node id. */
+  /** The writer's lease node id. */
   readonly node: string;
+  /**
+   * The writing process. The checks tell writers apart by process, not by
+   * node id: a process restarted with a dead one's node id is another
+   * writer.
+   */
+  readonly proc: string;
   /** The fencing epoch the writer presented. */
   readonly epoch: number;
   /** Worker clock: when `guard()` was called for this write. */
@@ -90,8 +96,12 @@ export interface FaultRecord {
   readonly at: number;
   /** When the fault was lifted (SIGCONT, restart, replacement started). */
   end: number;
-  /** The worker hit, for holder faults. */
+  /** The worker process hit, for holder faults. */
+  readonly proc?: string;
+  /** Its lease node id. */
   readonly node?: string;
+  /** The lease node id of the replacement process (equal to `node` when it reuses it). */
+  readonly replacement?: string;
   /** The server hit (`n0`...), for server faults. */
   readonly server?: string;
   /** Keys the hit worker held when hit: it was their last writer, within one TTL. */
@@ -121,7 +131,7 @@ export interface CheckOptions {
 
 /** The numbered checks of issue 4. */
 export const CHECKS = {
-  1: "no overlapping writes of two nodes on a key (unless fenced, paused)",
+  1: "no overlapping writes of two writers on a key (unless fenced, paused)",
   2: "the fence never accepted an older epoch",
   3: "no write ran while the server or quorum was unreachable",
   4: "holder changes have strictly increasing epochs",
@@ -150,7 +160,7 @@ export interface Failover {
   readonly kind: FaultKind;
   /** The key; `*` for server faults, which measure the slowest key. */
   readonly key: string;
-  /** Milliseconds until another node wrote, or `null` if nobody did. */
+  /** Milliseconds until another process wrote, or `null` if nobody did. */
   readonly ms: number | null;
   /** The bound checked, or `null` when only reported. */
   readonly bound: number | null;
@@ -171,9 +181,9 @@ export interface CheckResult {
 /**
  * Checks a recorded history against the five promises of issue 4.
  *
- * 1. **Overlap.** Two writes of different nodes on one key overlap when each
+ * 1. **Overlap.** Two writes of different processes on one key overlap when each
  *    began (in store order) before the other ended. Allowed only when the
- *    older-epoch write (a) was refused by the fence, (b) belongs to a node
+ *    older-epoch write (a) was refused by the fence, (b) belongs to a process
  *    stopped by SIGSTOP at some time between its `guard()` call and its end,
  *    and (c) ended at least TTL + grace after its `guard()` call: a holder
  *    paused past TTL plus grace. Nothing less can let a successor in: the
@@ -192,9 +202,9 @@ export interface CheckResult {
  *    comparisons of whole milliseconds from one clock are sound: `a > b` on
  *    truncated values implies it on the real ones.)
  * 4. **Epochs.** Per key, in store order, each write not excused by check 1
- *    has an epoch strictly greater than the previous one's when the node
+ *    has an epoch strictly greater than the previous one's when the process
  *    changed, and not smaller when it did not.
- * 5. **Liveness.** After SIGKILL of a holder, another node starts a write on
+ * 5. **Liveness.** After SIGKILL of a holder, another process starts a write on
  *    each of its keys within TTL + grace + `slack` of the kill; after SIGTERM
  *    (clean shutdown), within `handover` ms of the later of the signal and
  *    the end of the holder's last write at the store (`close()` lets that
@@ -226,7 +236,7 @@ export function checkHistory(
   }
 
   const pauses = faults.flatMap((f) =>
-    f.paused && f.node !== undefined ? [{ node: f.node, ...f.paused }] : []
+    f.paused && f.proc !== undefined ? [{ proc: f.proc, ...f.paused }] : []
   );
   /** The write was fenced, and its node frozen while it ran past TTL + grace. */
   const excused = (w: WriteRecord): boolean =>
@@ -234,7 +244,7 @@ export function checkHistory(
     // Both clocks truncate to whole ms: allow 2 ms of rounding.
     w.endAt - w.called >= 2 * options.ttl - 2 &&
     pauses.some((p) =>
-      p.node === w.node && p.from <= w.endAt && p.to >= w.called
+      p.proc === w.proc && p.from <= w.endAt && p.to >= w.called
     );
 
   // 1. Overlap, by a sweep over begins in store order.
@@ -245,14 +255,14 @@ export function checkHistory(
     for (const w of list) {
       active = active.filter((a) => a.endSeq > w.beginSeq);
       for (const a of active) {
-        if (a.node === w.node) continue;
+        if (a.proc === w.proc) continue;
         const [older, newer] = a.epoch <= w.epoch ? [a, w] : [w, a];
         if (older.epoch === newer.epoch) {
           violations.push({
             check: 1,
             key,
             message:
-              `nodes '${a.node}' and '${w.node}' wrote '${key}' at once with the same epoch ${a.epoch}`,
+              `processes '${a.proc}' and '${w.proc}' wrote '${key}' at once with the same epoch ${a.epoch}`,
             writes: [a.id, w.id],
           });
         } else if (excused(older)) {
@@ -263,7 +273,7 @@ export function checkHistory(
             check: 1,
             key,
             message:
-              `'${older.node}' (epoch ${older.epoch}, ${older.status}) and '${newer.node}' (epoch ${newer.epoch}) wrote '${key}' at once; the older write was ${
+              `'${older.proc}' (epoch ${older.epoch}, ${older.status}) and '${newer.proc}' (epoch ${newer.epoch}) wrote '${key}' at once; the older write was ${
                 older.status === "accepted" || older.status === "unfinished"
                   ? "not fenced"
                   : "fenced but its node was not paused past TTL + grace"
@@ -287,7 +297,7 @@ export function checkHistory(
           check: 2,
           key,
           message:
-            `the store accepted epoch ${w.epoch} from '${w.node}' after epoch ${newest.epoch} from '${newest.node}'`,
+            `the store accepted epoch ${w.epoch} from '${w.proc}' after epoch ${newest.epoch} from '${newest.proc}'`,
           writes: [newest.id, w.id],
         });
       }
@@ -305,7 +315,7 @@ export function checkHistory(
       violations.push({
         check: 3,
         key: w.key,
-        message: `'${w.node}' ran a write on '${w.key}' (guard called ${
+        message: `'${w.proc}' ran a write on '${w.key}' (guard called ${
           w.called - o.from
         } ms into the outage, write started ${
           o.to - w.start
@@ -322,7 +332,7 @@ export function checkHistory(
     for (const w of list) {
       if (excused(w)) continue;
       if (prev) {
-        const bad = w.node === prev.node
+        const bad = w.proc === prev.proc
           ? w.epoch < prev.epoch
           : w.epoch <= prev.epoch;
         if (bad) {
@@ -330,7 +340,7 @@ export function checkHistory(
             check: 4,
             key,
             message:
-              `'${w.node}' wrote '${key}' at epoch ${w.epoch} after '${prev.node}' at epoch ${prev.epoch}`,
+              `'${w.proc}' wrote '${key}' at epoch ${w.epoch} after '${prev.proc}' at epoch ${prev.epoch}`,
             writes: [prev.id, w.id],
           });
         }
@@ -355,7 +365,7 @@ export function checkHistory(
     if (f.kind.startsWith("holder-")) {
       for (const key of f.keys) {
         const next = byBegin.find((w) =>
-          w.key === key && w.node !== f.node && w.start >= f.at && ran(w)
+          w.key === key && w.proc !== f.proc && w.start >= f.at && ran(w)
         );
         let from = f.at;
         let bound: number | null = null;
@@ -366,7 +376,7 @@ export function checkHistory(
           // close() first lets the write in progress finish.
           for (const w of byBegin) {
             if (
-              w.key === key && w.node === f.node &&
+              w.key === key && w.proc === f.proc &&
               (!next || w.endSeq < next.beginSeq)
             ) from = Math.max(from, w.endAt);
           }
@@ -381,8 +391,8 @@ export function checkHistory(
             check: 5,
             key,
             message: ms === null
-              ? `nobody wrote '${key}' after ${f.kind} of '${f.node}' (#${f.index}) within ${bound} ms`
-              : `'${key}' changed hands ${ms} ms after ${f.kind} of '${f.node}' (#${f.index}), above the bound of ${bound} ms`,
+              ? `nobody wrote '${key}' after ${f.kind} of '${f.proc}' (#${f.index}) within ${bound} ms`
+              : `'${key}' changed hands ${ms} ms after ${f.kind} of '${f.proc}' (#${f.index}), above the bound of ${bound} ms`,
             fault: f.index,
             ...(next ? { writes: [next.id] } : {}),
           });

@@ -4,7 +4,7 @@
  * 127.0.0.1, so no NATS fault reaches it.
  *
  * A write is two requests, so that it has a duration the store can see:
- * - `POST /begin {key, node, epoch, called, start}` opens it;
+ * - `POST /begin {key, node, proc, epoch, called, start}` opens it;
  * - `POST /commit {id, end}` closes it.
  *
  * Both are fenced: refused when the epoch is older than the newest epoch the
@@ -26,8 +26,10 @@ const encoder = new TextEncoder();
 export interface BeginRequest {
   /** The store key. */
   key: string;
-  /** The writer's node id. */
+  /** The writer's lease node id. */
   node: string;
+  /** The writing process (see `WriteRecord.proc`). */
+  proc: string;
   /** The fencing epoch from the lease. */
   epoch: number;
   /** Worker clock: when `guard()` was called. */
@@ -70,6 +72,7 @@ export class FencedStore {
       id: this.writes.length + 1,
       key: req.key,
       node: req.node,
+      proc: req.proc,
       epoch: req.epoch,
       called: req.called,
       start: req.start,
@@ -114,15 +117,15 @@ export class FencedStore {
   }
 
   /**
-   * Ends the open writes of a node that will never commit (its process was
+   * Ends the open writes of a process that will never commit (it was
    * killed, or the run is over).
    *
-   * @param node The node id, or `undefined` for every node.
+   * @param proc The process, or `undefined` for every process.
    * @param reason Why.
    */
-  abandon(node: string | undefined, reason: string): void {
+  abandon(proc: string | undefined, reason: string): void {
     for (const [id, w] of this.#open) {
-      if (node !== undefined && w.node !== node) continue;
+      if (proc !== undefined && w.proc !== proc) continue;
       this.#open.delete(id);
       w.endSeq = ++this.#seq;
       w.endAt = Date.now();

@@ -18,7 +18,9 @@
  * Environment:
  * - `CHAOS_NATS`: comma-separated server URLs.
  * - `CHAOS_STORE`: base URL of the fenced store.
- * - `CHAOS_NODE`: this worker's node id.
+ * - `CHAOS_NODE`: this worker's lease node id (a replacement may reuse a
+ *   dead worker's).
+ * - `CHAOS_PROC`: this process's name in the history (default: the node id).
  * - `CHAOS_KEYS`: comma-separated keys.
  * - `CHAOS_BUCKET`, `CHAOS_TTL`: the lease bucket and its TTL in ms.
  * - `CHAOS_SEED`: seeds the write durations and pauses.
@@ -64,12 +66,13 @@ const required = (name: string): string => {
 const servers = required("CHAOS_NATS").split(",");
 const storeUrl = required("CHAOS_STORE");
 const node = required("CHAOS_NODE");
+const proc = env.CHAOS_PROC ?? node;
 const keys = required("CHAOS_KEYS").split(",");
 const bucket = required("CHAOS_BUCKET");
 const ttl = Number(required("CHAOS_TTL"));
 const poll = Number(env.CHAOS_POLL ?? 30);
 const broken = env.CHAOS_BROKEN ?? "";
-const random = seeded(`${env.CHAOS_SEED ?? ""}:${node}`);
+const random = seeded(`${env.CHAOS_SEED ?? ""}:${proc}`);
 
 /** The store refused our write: our epoch is no longer the newest. */
 class FencedError extends Error {
@@ -123,6 +126,7 @@ async function write(lease: Lease, called: number): Promise<void> {
   const begun = await post("/begin", {
     key: lease.key,
     node,
+    proc,
     epoch: lease.epoch,
     called,
     start,
