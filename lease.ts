@@ -462,6 +462,8 @@ class KeyState {
   epoch = 0;
   /** Local monotonic time until which the last confirmed CAS vouches for us. */
   validUntil = 0;
+  /** Local monotonic time of the next background renewal. */
+  renewAt = 0;
   /** No write before this monotonic time (failover grace). */
   notBefore = 0;
   /** This process saw another node hold the key. */
@@ -838,34 +840,54 @@ class Manager implements LeaseManager {
   /** A CAS sent at `sent` succeeded: we hold the key until `sent + ttl`. */
   #confirmed(st: KeyState, sent: number): void {
     st.validUntil = sent + this.ttl;
+    st.renewAt = sent + this.ttl / 3;
     if (!st.controller || st.controller.signal.aborted) {
       st.controller = new AbortController();
     }
-    clearTimeout(st.expiryTimer);
-    st.expiryTimer = setTimeout(
-      () => this.#expired(st),
+    // Both deadlines only move forward here, so a timer armed for an
+    // earlier one fires early and re-arms itself: a guarded write touches
+    // no timer in steady state.
+    st.expiryTimer ??= setTimeout(
+      () => this.#onExpiry(st),
       Math.max(0, st.validUntil - performance.now()),
     );
     if (!this.#closing) {
-      this.#scheduleRenewal(
-        st,
-        Math.max(0, sent + this.ttl / 3 - performance.now()),
+      st.renewTimer ??= setTimeout(
+        () => this.#onRenew(st),
+        Math.max(0, st.renewAt - performance.now()),
       );
     }
   }
 
+  /** Renews `delay` ms from now (sooner than planned, after a failure). */
   #scheduleRenewal(st: KeyState, delay: number): void {
     clearTimeout(st.renewTimer);
+    st.renewTimer = undefined;
     if (this.#closing || this.#nc.isClosed()) return;
-    st.renewTimer = setTimeout(() => {
-      st.renewTimer = undefined;
-      if (st.held && !this.#closing) void this.#sync(st, undefined);
-    }, delay);
+    st.renewAt = performance.now() + delay;
+    st.renewTimer = setTimeout(() => this.#onRenew(st), delay);
   }
 
-  /** The last confirmed CAS no longer vouches for us: writes must stop. */
-  #expired(st: KeyState): void {
+  #onRenew(st: KeyState): void {
+    st.renewTimer = undefined;
+    if (!st.held || this.#closing || this.#nc.isClosed()) return;
+    const left = st.renewAt - performance.now();
+    if (left > 0) {
+      st.renewTimer = setTimeout(() => this.#onRenew(st), left);
+    } else {
+      void this.#sync(st, undefined);
+    }
+  }
+
+  /** At the deadline of the last confirmed CAS, writes must stop. */
+  #onExpiry(st: KeyState): void {
     st.expiryTimer = undefined;
+    if (!st.held) return;
+    const left = st.validUntil - performance.now();
+    if (left > 0) {
+      st.expiryTimer = setTimeout(() => this.#onExpiry(st), left);
+      return;
+    }
     st.controller?.abort(
       new UnavailableError(
         st.key,
