@@ -728,7 +728,7 @@ class Manager implements LeaseManager {
           // No answer: the CAS may or may not have landed. Keep the claim
           // (the next CAS on the old revision settles it) and let the
           // deadline timer withdraw our vouching if this lasts.
-          this.#scheduleRenewal(st, this.ttl / 10);
+          this.#retryRenewal(st);
           throw new UnavailableError(
             st.key,
             `Cannot renew the lease on '${st.key}': ${errText(err)}`,
@@ -744,7 +744,7 @@ class Manager implements LeaseManager {
             ? null
             : await this.#read(st, at > 0 ? at : undefined);
         } catch (readErr) {
-          this.#scheduleRenewal(st, this.ttl / 10);
+          this.#retryRenewal(st);
           throw new UnavailableError(
             st.key,
             `Cannot tell whether the lease on '${st.key}' is still held: ${
@@ -857,6 +857,16 @@ class Manager implements LeaseManager {
         Math.max(0, st.renewAt - performance.now()),
       );
     }
+  }
+
+  /**
+   * After an unanswered renewal: retry soon while the lease may still be
+   * saved, then only every TTL/3 (an outage must not turn every held key
+   * into a stream of timed-out requests).
+   */
+  #retryRenewal(st: KeyState): void {
+    const saving = performance.now() < st.validUntil;
+    this.#scheduleRenewal(st, saving ? this.ttl / 10 : this.ttl / 3);
   }
 
   /** Renews `delay` ms from now (sooner than planned, after a failure). */
