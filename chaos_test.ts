@@ -214,6 +214,25 @@ describe("checkHistory()", () => {
     assert.deepEqual(late.violations.map((v) => v.check), [5]);
   });
 
+  test("checkHistory() extends a liveness bound by the time the victim or the successor was stalled (check 5)", () => {
+    const term = fault({ kind: "holder-term", proc: "a", at: 0, keys: ["k"] });
+    const successor = { ...write("b", 9, 3, 4), start: 150 };
+    const stalls = [
+      { proc: "a", from: 10, to: 50 },
+      { proc: "b", from: 40, to: 70 },
+      { proc: "c", from: 0, to: 180 }, // a bystander does not count
+    ];
+    const r = checkHistory([successor], [term], { ...OPTS, stalls });
+    assert.deepEqual(r.violations, []);
+    assert.equal(r.failovers[0]!.stalledMs, 60);
+    assert.equal(r.stallExcused, 1);
+    const worse = checkHistory([{ ...successor, start: 161 + 60 }], [term], {
+      ...OPTS,
+      stalls,
+    });
+    assert.deepEqual(worse.violations.map((v) => v.check), [5]);
+  });
+
   test("checkHistory() reports a fault the run never recovered from (check 5)", () => {
     const r = checkHistory(
       [],

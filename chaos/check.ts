@@ -73,6 +73,7 @@ export type FaultKind =
   | "holder-kill"
   | "holder-pause"
   | "holder-term"
+  | "holder-restart"
   | "server-kill"
   | "server-pause"
   | "leader-kill"
@@ -127,6 +128,13 @@ export interface CheckOptions {
   readonly handover: number;
   /** When the run stopped injecting and measuring (faults after it are not measured). */
   readonly runEnd: number;
+  /**
+   * Intervals in which a process could not run (its event loop was late by
+   * more than the monitor's threshold): CPU starvation, or SIGSTOP. A
+   * liveness bound is extended by the time the processes it depends on
+   * were stalled.
+   */
+  readonly stalls?: readonly (Span & { readonly proc: string })[];
 }
 
 /** The numbered checks of issue 4. */
@@ -164,6 +172,8 @@ export interface Failover {
   readonly ms: number | null;
   /** The bound checked, or `null` when only reported. */
   readonly bound: number | null;
+  /** Milliseconds of that time in which the victim or the successor was stalled. */
+  readonly stalledMs: number;
 }
 
 /** Everything the checks found. */
@@ -176,6 +186,8 @@ export interface CheckResult {
   readonly exemptWrites: number;
   /** Failover and recovery times per fault and key. */
   readonly failovers: Failover[];
+  /** Failovers above their bound only by time their processes were stalled. */
+  readonly stallExcused: number;
 }
 
 /**
@@ -210,7 +222,10 @@ export interface CheckResult {
  *    the end of the holder's last write at the store (`close()` lets that
  *    write finish first). "Starts" is the write callback's start on the
  *    successor's clock, so that the time its `begin` spends reaching the
- *    store is not counted. A fault the run could not recover from is a
+ *    store is not counted. The bound is extended by the time the victim or
+ *    the successor was measurably stalled (`options.stalls`: its event loop
+ *    ran late, so it could not act, whatever the lease did); such cases are
+ *    counted in `stallExcused`. A fault the run could not recover from is a
  *    violation too. Pauses and server faults are measured (to the first
  *    write after the fault was lifted) and reported, not bounded.
  *
@@ -353,6 +368,23 @@ export function checkHistory(
   const failovers: Failover[] = [];
   const byBegin = [...writes].sort((a, b) => a.beginSeq - b.beginSeq);
   const ran = (w: WriteRecord) => w.status !== "rejected-begin";
+  let stallExcused = 0;
+  /** Total time in [from, to] in which any of `procs` was stalled. */
+  const stalled = (procs: string[], from: number, to: number): number => {
+    const spans = (options.stalls ?? [])
+      .filter((x) => procs.includes(x.proc) && x.to > from && x.from < to)
+      .map((x) => [Math.max(x.from, from), Math.min(x.to, to)] as const)
+      .sort((a, b) => a[0] - b[0]);
+    let total = 0;
+    let end = from;
+    for (const [a, b] of spans) {
+      if (b > end) {
+        total += b - Math.max(a, end);
+        end = b;
+      }
+    }
+    return total;
+  };
   for (const f of [...faults].sort((a, b) => a.index - b.index)) {
     if (!f.recovered) {
       violations.push({
@@ -382,17 +414,30 @@ export function checkHistory(
           }
         }
         const ms = next ? next.start - from : null;
-        failovers.push({ fault: f.index, kind: f.kind, key, ms, bound });
+        const stalledMs = next
+          ? stalled([f.proc ?? "", next.proc], from, next.start)
+          : 0;
+        failovers.push({
+          fault: f.index,
+          kind: f.kind,
+          key,
+          ms,
+          bound,
+          stalledMs,
+        });
         const late = ms === null
           ? bound !== null && options.runEnd - from > bound
-          : bound !== null && ms > bound;
+          : bound !== null && ms - stalledMs > bound;
+        if (ms !== null && bound !== null && ms > bound && !late) {
+          stallExcused++;
+        }
         if (late) {
           violations.push({
             check: 5,
             key,
             message: ms === null
               ? `nobody wrote '${key}' after ${f.kind} of '${f.proc}' (#${f.index}) within ${bound} ms`
-              : `'${key}' changed hands ${ms} ms after ${f.kind} of '${f.proc}' (#${f.index}), above the bound of ${bound} ms`,
+              : `'${key}' changed hands ${ms} ms after ${f.kind} of '${f.proc}' (#${f.index}), above the bound of ${bound} ms (${stalledMs} ms of it stalled)`,
             fault: f.index,
             ...(next ? { writes: [next.id] } : {}),
           });
@@ -418,6 +463,7 @@ export function checkHistory(
         key: "*",
         ms: worst,
         bound: null,
+        stalledMs: 0,
       });
     }
   }
@@ -426,5 +472,6 @@ export function checkHistory(
     exemptOverlaps,
     exemptWrites: exempt.size,
     failovers,
+    stallExcused,
   };
 }

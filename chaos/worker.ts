@@ -34,8 +34,9 @@
  *   `holder()` reports (treating "you hold it, wait" as "go").
  *
  * Stdout carries one JSON line per event for the harness: `ready`,
- * `stats` (cumulative counters, every 250 ms and at exit), `term` (SIGTERM
- * seen), `released` (`close()` resolved) and `closed`.
+ * `stats` (cumulative counters, every 250 ms and at exit), `stall` (the
+ * event loop ran more than 20 ms late: `{from, to}`), `term` (SIGTERM seen),
+ * `released` (`close()` resolved) and `closed`.
  *
  * @module
  */
@@ -107,6 +108,20 @@ process.stdin.on("end", () => process.exit(3));
 process.stdin.on("close", () => process.exit(3));
 process.stdin.resume();
 const statsTimer = setInterval(() => say("stats", stats), 250);
+// Event-loop lag: time in which this process could not act (CPU starvation,
+// SIGSTOP). The checker extends a liveness bound by it, since no lease can
+// hand over faster than its processes are scheduled.
+const TICK = 20;
+let due = performance.now() + TICK;
+const lagTimer = setInterval(() => {
+  const now = performance.now();
+  const late = now - due;
+  due = now + TICK;
+  if (late > 20) {
+    const t = Date.now();
+    say("stall", { from: Math.round(t - late), to: t });
+  }
+}, TICK);
 
 async function post(
   path: string,
@@ -246,6 +261,7 @@ if (leases) {
 }
 await nc?.close();
 clearInterval(statsTimer);
+clearInterval(lagTimer);
 say("stats", stats);
 process.stdout.write(
   JSON.stringify({ ev: "closed", t: Date.now() }) + "\n",
