@@ -119,10 +119,13 @@ export interface LeaseManagerOptions {
    *
    * `true` (the default) is the safe choice: a process that starts just
    * after a paused holder's lease expired cannot tell that holder is still
-   * alive, so it waits for it. `false` follows the Go reference: wait only
-   * when this process itself saw a foreign holder, which lets a fresh
-   * process write at once but may overlap a paused holder's last write
-   * (the epoch still fences it).
+   * alive, so it waits for it; and an entry with this node id written by
+   * another process (a previous incarnation, or a second copy) is treated
+   * like any other holder's: left to expire, then the grace. `false`
+   * follows the Go reference: wait only when this process itself saw a
+   * foreign holder, and adopt an entry with this node id at once. A fresh
+   * process then writes at once, but may overlap a paused holder's last
+   * write (the epoch still fences it).
    * @default {true}
    */
   restartGrace?: boolean;
@@ -795,11 +798,15 @@ class Manager implements LeaseManager {
         // Our own tenure, e.g. after a timeout: nobody wrote in between.
         grace = false;
         resume = true;
-      } else if (seen.node === this.node) {
-        // Our node id, written by another process: a previous incarnation,
-        // which may still be alive (paused) and writing.
-        grace = this.#restartGrace;
+      } else if (seen.node === this.node && !this.#restartGrace) {
+        // Our node id, written by another process: the Go reference adopts
+        // such an entry at once, and restartGrace: false asks for that.
+        grace = false;
       } else {
+        // Another node, or our node id written by another process (a
+        // previous incarnation, or a second copy): either may be alive and
+        // inside its deadline, so wait for the entry to expire like any
+        // holder's, then the grace.
         st.sawForeign = true;
         st.foreign = seen.node;
         // A holder that has not renewed for a full TTL of our own time has

@@ -369,6 +369,39 @@ describe("lease manager on one server", () => {
     await a.close();
   });
 
+  test("restartGrace: another live process with the same node id is a holder like any other, not adopted", async () => {
+    const bucket = uniq("b");
+    const firstNc = await conn(ns.url);
+    const first = await createLeaseManager({
+      nc: firstNc,
+      node: "x",
+      bucket,
+      ttl: TTL,
+      restartGrace: false,
+    });
+    await first.guard("k", () => {});
+    const second = await manager({ node: "x", bucket });
+    // Both alive for 2 TTL: the second never steals the first's lease.
+    const until = performance.now() + 2 * TTL;
+    let firstWrites = 0;
+    while (performance.now() < until) {
+      await first.guard("k", () => firstWrites++);
+      await assert.rejects(
+        second.guard("k", () => assert.fail("second wrote")),
+        (e) => e instanceof NotHolderError && e.retryAfter === undefined,
+      );
+      await sleep(20);
+    }
+    assert.ok(firstWrites > 20);
+    // The first dies: the second waits for expiry, then the grace.
+    await firstNc.close();
+    const t = performance.now();
+    await guardUntil(second, "k", () => {}, 10 * TTL);
+    const took = performance.now() - t;
+    assert.ok(took >= 1.8 * TTL, `took over after ${took.toFixed(0)} ms`);
+    await first.close();
+  });
+
   test("guard() takes over an entry the server fails to expire once its revision stood still for a TTL", async () => {
     const bucket = uniq("b");
     const m = await manager({ node: "b", bucket });
