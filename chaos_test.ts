@@ -360,12 +360,12 @@ const violations = (r: ChaosReport): number =>
   Object.values(r.violations).reduce((a, b) => a + b, 0);
 
 describe("chaos harness against a real nats-server", () => {
-  test(`chaos.ts in single-server mode finds no violation across every fault kind (seed ${SEED})`, async () => {
+  test(`chaos.ts in single-server mode finds no violation in a short run of mixed faults (seed ${SEED})`, async () => {
     const { code, out, report } = await runChaos([
       "--mode",
       "single",
       "--seconds",
-      "16",
+      "18",
       "--seed",
       SEED,
     ]);
