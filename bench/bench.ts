@@ -704,7 +704,7 @@ async function scaleRun(
     await leases.close();
     const closeMs = performance.now() - c1;
     const kvm = new Kvm(nc);
-    await (await kvm.open(bucket)).destroy();
+    await dropBucket(kvm, bucket);
 
     const renewals = v1.in_msgs - v0.in_msgs;
     return {
@@ -731,6 +731,15 @@ async function scaleRun(
     };
   } finally {
     await nc.close();
+  }
+}
+
+/** Deletes a bucket to free the server for the next run; best effort. */
+async function dropBucket(kvm: Kvm, bucket: string): Promise<void> {
+  try {
+    await (await kvm.open(bucket)).destroy();
+  } catch {
+    // A server still digesting the run: the next run uses another bucket.
   }
 }
 
@@ -806,10 +815,22 @@ async function bareScaleRun(
     await Promise.all(Array.from({ length: 256 }, async () => {
       while (next < n) {
         const i = next++;
-        const sent = performance.now();
-        revs[i] = await kv.put(keys[i]!, "bench");
-        validUntil[i] = sent + ttl;
-        schedule(i, sent + period);
+        for (let attempt = 0;; attempt++) {
+          const sent = performance.now();
+          try {
+            revs[i] = await kv.put(keys[i]!, "bench");
+            validUntil[i] = sent + ttl;
+            schedule(i, sent + period);
+            break;
+          } catch (err) {
+            // As for the leases: a few tries, then the key counts as lost.
+            if (attempt >= 5 || isConflict(err)) {
+              loss(i);
+              break;
+            }
+            await sleep(ttl / 10);
+          }
+        }
       }
     }));
 
@@ -829,7 +850,7 @@ async function bareScaleRun(
     clearInterval(timer);
     // Let the last answers in before the connection closes.
     await sleep(Math.min(ttl / 4, 500));
-    await kv.destroy();
+    await dropBucket(new Kvm(nc), bucket);
     return {
       n,
       ttl,
@@ -1104,7 +1125,12 @@ export async function runBench(
     }
   } finally {
     await nc.close();
-    await ns[Symbol.asyncDispose]();
+    try {
+      await ns[Symbol.asyncDispose]();
+    } catch (err) {
+      // The figures are in; a server slow to die must not lose them.
+      log(`could not stop nats-server: ${String(err)}`);
+    }
   }
   report.durationMs = performance.now() - started;
   return report;
