@@ -480,7 +480,8 @@ class KeyState {
   /** One server operation per key at a time; guards arriving meanwhile share the next. */
   busy = false;
   next: Batch | undefined;
-  renewTimer: ReturnType<typeof setTimeout> | undefined;
+  /** The renewal slot this key is planned in (0: none). */
+  renewSlot = 0;
   expiryTimer: ReturnType<typeof setTimeout> | undefined;
   /** Guarded writes running now, and who waits for them to settle. */
   writes = 0;
@@ -523,6 +524,11 @@ class Manager implements LeaseManager {
   readonly #instance: string = crypto.randomUUID().replaceAll("-", "");
   #counter = 0;
   readonly #keys = new Map<string, KeyState>();
+  /** Renewal slots: planned time → keys, served by one timer. */
+  readonly #slots = new Map<number, KeyState[]>();
+  readonly #quantum: number;
+  #tickTimer: ReturnType<typeof setTimeout> | undefined;
+  #tickAt = Infinity;
   #closing: Promise<void> | undefined;
   readonly #signal: AbortSignal | undefined;
   readonly #onAbort = () => void this.close();
@@ -536,6 +542,7 @@ class Manager implements LeaseManager {
   ) {
     this.node = o.node;
     this.ttl = o.ttl;
+    this.#quantum = Math.min(o.ttl / 30, 50);
     this.bucket = o.bucket;
     this.#nodeBytes = encoder.encode(o.node);
     this.#timeout = o.timeout;
@@ -601,18 +608,32 @@ class Manager implements LeaseManager {
         `Lease on '${key}' was confirmed too late to write under it`,
       );
     }
+    // With a caller's signal, one controller follows both for the length of
+    // the write; its listeners go in `finally`, so a long-lived caller
+    // signal does not collect one dependent per guard.
+    const tenure = st.controller.signal;
+    let follow: AbortController | undefined;
+    const onTenure = () => follow!.abort(tenure.reason);
+    const onCaller = () => follow!.abort(signal!.reason);
+    if (signal) {
+      follow = new AbortController();
+      tenure.addEventListener("abort", onTenure, { once: true });
+      signal.addEventListener("abort", onCaller, { once: true });
+    }
     const lease: Lease = {
       key,
       node: this.node,
       epoch: st.epoch,
-      signal: signal
-        ? AbortSignal.any([st.controller.signal, signal])
-        : st.controller.signal,
+      signal: follow ? follow.signal : tenure,
     };
     st.writes++;
     try {
       return await write(lease);
     } finally {
+      if (follow) {
+        tenure.removeEventListener("abort", onTenure);
+        signal!.removeEventListener("abort", onCaller);
+      }
       if (--st.writes === 0) st.drained?.();
     }
   }
@@ -858,12 +879,7 @@ class Manager implements LeaseManager {
       () => this.#onExpiry(st),
       Math.max(0, st.validUntil - performance.now()),
     );
-    if (!this.#closing) {
-      st.renewTimer ??= setTimeout(
-        () => this.#onRenew(st),
-        Math.max(0, st.renewAt - performance.now()),
-      );
-    }
+    if (st.renewSlot === 0) this.#plan(st, st.renewAt);
   }
 
   /**
@@ -878,22 +894,73 @@ class Manager implements LeaseManager {
 
   /** Renews `delay` ms from now (sooner than planned, after a failure). */
   #scheduleRenewal(st: KeyState, delay: number): void {
-    clearTimeout(st.renewTimer);
-    st.renewTimer = undefined;
-    if (this.#closing || this.#nc.isClosed()) return;
     st.renewAt = performance.now() + delay;
-    st.renewTimer = setTimeout(() => this.#onRenew(st), delay);
+    this.#plan(st, st.renewAt);
   }
 
-  #onRenew(st: KeyState): void {
-    st.renewTimer = undefined;
-    if (!st.held || this.#closing || this.#nc.isClosed()) return;
-    const left = st.renewAt - performance.now();
-    if (left > 0) {
-      st.renewTimer = setTimeout(() => this.#onRenew(st), left);
-    } else {
-      void this.#sync(st, undefined);
+  /**
+   * Plans a renewal of `st` at `at` or up to one quantum later. All keys of
+   * a manager share one timer over slots of `#quantum` ms, so the renewals
+   * due in a slot are published in one macrotask and nats.js writes them
+   * to the socket together, instead of one timer, one task and one socket
+   * write per lease. A quantum is at most TTL/30, so a renewal planned for
+   * TTL/3 still leaves most of the TTL to retry in.
+   */
+  #plan(st: KeyState, at: number): void {
+    if (this.#closing || this.#nc.isClosed()) return;
+    const slot = Math.ceil(at / this.#quantum) * this.#quantum;
+    // A key planned in several slots acts only in the one it names.
+    st.renewSlot = slot;
+    const keys = this.#slots.get(slot);
+    if (keys) keys.push(st);
+    else this.#slots.set(slot, [st]);
+    if (slot < this.#tickAt) this.#arm(slot);
+  }
+
+  #arm(slot: number): void {
+    clearTimeout(this.#tickTimer);
+    this.#tickAt = slot;
+    this.#tickTimer = setTimeout(
+      () => this.#tick(),
+      Math.max(0, slot - performance.now()),
+    );
+  }
+
+  #tick(): void {
+    this.#tickTimer = undefined;
+    this.#tickAt = Infinity;
+    const now = performance.now();
+    let next = Infinity;
+    for (const [slot, keys] of this.#slots) {
+      if (slot > now) {
+        next = Math.min(next, slot);
+        continue;
+      }
+      this.#slots.delete(slot);
+      for (const st of keys) {
+        if (st.renewSlot === slot) {
+          st.renewSlot = 0;
+          this.#onRenew(st, now);
+        }
+      }
     }
+    // #onRenew may have planned slots of its own and armed the timer.
+    if (next < this.#tickAt) this.#arm(next);
+  }
+
+  #onRenew(st: KeyState, now: number): void {
+    if (!st.held || this.#closing || this.#nc.isClosed()) return;
+    // A guard may have renewed since this was planned: plan anew from then.
+    if (st.renewAt > now) this.#plan(st, st.renewAt);
+    else void this.#sync(st, undefined);
+  }
+
+  #stopRenewals(): void {
+    clearTimeout(this.#tickTimer);
+    this.#tickTimer = undefined;
+    this.#tickAt = Infinity;
+    this.#slots.clear();
+    for (const st of this.#keys.values()) st.renewSlot = 0;
   }
 
   /** At the deadline of the last confirmed CAS, writes must stop. */
@@ -917,17 +984,17 @@ class Manager implements LeaseManager {
     st.held = false;
     st.sawForeign = true;
     st.foreign = seen?.op === "PUT" ? seen.node : undefined;
-    clearTimeout(st.renewTimer);
+    st.renewSlot = 0;
     clearTimeout(st.expiryTimer);
-    st.renewTimer = st.expiryTimer = undefined;
+    st.expiryTimer = undefined;
     st.controller?.abort(new NotHolderError(st.key, st.foreign));
   }
 
   #connectionClosed(): void {
+    this.#stopRenewals();
     for (const st of this.#keys.values()) {
-      clearTimeout(st.renewTimer);
       clearTimeout(st.expiryTimer);
-      st.renewTimer = st.expiryTimer = undefined;
+      st.expiryTimer = undefined;
       if (st.held) {
         st.held = false;
         st.controller?.abort(
@@ -951,10 +1018,7 @@ class Manager implements LeaseManager {
 
   async #shutdown(): Promise<void> {
     this.#signal?.removeEventListener("abort", this.#onAbort);
-    for (const st of this.#keys.values()) {
-      clearTimeout(st.renewTimer);
-      st.renewTimer = undefined;
-    }
+    this.#stopRenewals();
     await Promise.all([...this.#keys.values()].map((st) => this.#release(st)));
     this.#keys.clear();
   }
