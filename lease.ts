@@ -104,7 +104,11 @@ export interface LeaseManagerOptions {
    * @default {1}
    */
   replicas?: number;
-  /** Aborting this signal shuts the manager down, as {@linkcode LeaseManager.close} does. */
+  /**
+   * Aborting this signal shuts the manager down, as
+   * {@linkcode LeaseManager.close} does.
+   * @default {undefined}
+   */
   signal?: AbortSignal;
   /**
    * Time in milliseconds to wait for each server request before treating it
@@ -161,7 +165,11 @@ export interface Holder {
 
 /** Options of {@linkcode LeaseManager.guard}. */
 export interface GuardOptions {
-  /** Aborting it rejects the guard with its reason if the write has not started yet, and aborts the lease's signal if it has. */
+  /**
+   * Aborting it rejects the guard with its reason if the write has not
+   * started yet, and aborts the lease's signal if it has.
+   * @default {undefined}
+   */
   signal?: AbortSignal;
 }
 
