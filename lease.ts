@@ -620,28 +620,31 @@ class Manager implements LeaseManager {
     // the write; its listeners go in `finally`, so a long-lived caller
     // signal does not collect one dependent per guard.
     const tenure = st.controller.signal;
-    let follow: AbortController | undefined;
-    const onTenure = () => follow!.abort(tenure.reason);
-    const onCaller = () => follow!.abort(signal!.reason);
+    let leaseSignal = tenure;
+    let unfollow: (() => void) | undefined;
     if (signal) {
-      follow = new AbortController();
+      const follow = new AbortController();
+      const onTenure = () => follow.abort(tenure.reason);
+      const onCaller = () => follow.abort(signal.reason);
       tenure.addEventListener("abort", onTenure, { once: true });
       signal.addEventListener("abort", onCaller, { once: true });
+      leaseSignal = follow.signal;
+      unfollow = () => {
+        tenure.removeEventListener("abort", onTenure);
+        signal.removeEventListener("abort", onCaller);
+      };
     }
     const lease: Lease = {
       key,
       node: this.node,
       epoch: st.epoch,
-      signal: follow ? follow.signal : tenure,
+      signal: leaseSignal,
     };
     st.writes++;
     try {
       return await write(lease);
     } finally {
-      if (follow) {
-        tenure.removeEventListener("abort", onTenure);
-        signal!.removeEventListener("abort", onCaller);
-      }
+      unfollow?.();
       if (--st.writes === 0) st.drained?.();
     }
   }

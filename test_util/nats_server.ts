@@ -318,7 +318,16 @@ function delay(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-function canConnect(port: number): Promise<boolean> {
+/**
+ * Whether a TCP connection to `port` on 127.0.0.1 succeeds now.
+ *
+ * @example Check that a killed server is gone
+ * ```ts ignore
+ * await ns.kill();
+ * console.log(await canConnect(ns.port)); // false
+ * ```
+ */
+export function canConnect(port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const socket = net.connect({ host: "127.0.0.1", port });
     socket.once("connect", () => {

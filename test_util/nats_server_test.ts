@@ -1,11 +1,15 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import * as net from "node:net";
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
 import { type KV, Kvm } from "@nats-io/kv";
-import { NatsCluster, NatsServer, natsServerBinary } from "./nats_server.ts";
+import {
+  canConnect,
+  NatsCluster,
+  NatsServer,
+  natsServerBinary,
+} from "./nats_server.ts";
 
 function delay(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
@@ -25,20 +29,6 @@ async function eventually<T>(
     }
     await delay(100);
   }
-}
-
-function canConnect(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const socket = net.connect({ host: "127.0.0.1", port });
-    socket.once("connect", () => {
-      socket.destroy();
-      resolve(true);
-    });
-    socket.once("error", () => {
-      socket.destroy();
-      resolve(false);
-    });
-  });
 }
 
 function timeout<T>(p: Promise<T>, ms: number): Promise<T | "timeout"> {
