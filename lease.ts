@@ -337,6 +337,94 @@ export class UnavailableError extends Error {
 }
 
 // ---------------------------------------------------------------------------
+// The seam. The protocol below talks to the world only through a `Port`: its
+// clock, its timers, and the three server operations it needs. Production
+// passes `natsPort` (nats.js and `performance.now()`/`setTimeout`); the
+// simulator in `sim/` passes a virtual KV and virtual time, and so runs this
+// exact code. Not exported from `mod.ts`.
+
+/** The last entry of a key (or the message at a revision), as stored. */
+export interface RawEntry {
+  /** The stream sequence: the KV revision. */
+  readonly seq: number;
+  /** The `KV-Operation` header: `undefined` for a plain put or a server marker. */
+  readonly operation: "DEL" | "PURGE" | undefined;
+  /** The `Nats-Marker-Reason` header of a server-written marker (e.g. `"MaxAge"`). */
+  readonly marker: string | undefined;
+  /** The `Nats-Msg-Id` header: how our writes are tagged. */
+  readonly msgId: string | undefined;
+  /** The body: the holder's node id for a put, empty for a marker. */
+  readonly value: string;
+}
+
+/** A compare-and-set publish on one key's subject. */
+export interface WriteRequest {
+  /** `$KV.<bucket>.<key>`. */
+  readonly subject: string;
+  /** `"PUT"` writes `value`; `"DEL"` writes a KV delete marker (empty body). */
+  readonly op: "PUT" | "DEL";
+  /** The node id, for a put. */
+  readonly value: Uint8Array;
+  /** `Nats-Expected-Last-Subject-Sequence`: 0 when the key must have no entry. */
+  readonly expect: number;
+  /** `Nats-Msg-Id`, the tag that lets us recognise the write later. */
+  readonly msgId: string;
+  /** Milliseconds to wait for the reply before the write counts as unanswered. */
+  readonly timeout: number;
+}
+
+/**
+ * What a write's reply said: `{ seq }` when it was applied at that revision;
+ * `{ conflict }` when the key's last revision was not `expect`, with the
+ * revision the server named (-1 when it named none).
+ */
+export type WriteResult = { readonly seq: number } | {
+  readonly conflict: number;
+};
+
+/** A port's write or read found that the bucket's stream does not exist. */
+export class BucketGone extends Error {
+  /** Makes the error. */
+  constructor(message = "the lease bucket does not exist") {
+    super(message);
+    this.name = "BucketGone";
+  }
+}
+
+/**
+ * Everything the protocol needs from the world. A write or read that gets no
+ * answer (timeout, no responders, closed connection) rejects; one that finds
+ * the bucket missing rejects with {@linkcode BucketGone}.
+ */
+export interface Port {
+  /** Monotonic milliseconds. */
+  now(): number;
+  /** Calls `fn` once after `ms` milliseconds of this clock. */
+  setTimer(fn: () => void, ms: number): unknown;
+  /** Cancels a timer (a no-op for `undefined` or a fired one). */
+  clearTimer(handle: unknown): void;
+  /** An id that no other manager uses, for tagging this manager's writes. */
+  newInstanceId(): string;
+  /** Publishes `req`; see {@linkcode WriteResult}. */
+  write(req: WriteRequest): Promise<WriteResult>;
+  /**
+   * The last entry on `subject` (or, with `seq`, the message at that
+   * revision if it is on `subject`); `null` when there is none. With
+   * `leader: true` the stream leader answers (read-your-writes, as far as
+   * the server gives it); otherwise any replica may, and may lag.
+   */
+  read(
+    subject: string,
+    query: { readonly seq?: number; readonly leader: boolean },
+    timeout: number,
+  ): Promise<RawEntry | null>;
+  /** Whether the connection is closed for good. */
+  isClosed(): boolean;
+  /** Settles when the connection closes for good. */
+  closed(): Promise<unknown>;
+}
+
+// ---------------------------------------------------------------------------
 // Input checks: every one runs before anything is sent to the server.
 
 const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
