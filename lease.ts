@@ -38,7 +38,7 @@
  * @module
  */
 
-import type { NatsConnection } from "@nats-io/nats-core";
+import { headers, type MsgHdrs, type NatsConnection } from "@nats-io/nats-core";
 import {
   jetstream,
   JetStreamApiError,
@@ -47,7 +47,7 @@ import {
   jetstreamManager,
   type StoredMsg,
 } from "@nats-io/jetstream";
-import { type KV, Kvm } from "@nats-io/kv";
+import { Kvm } from "@nats-io/kv";
 
 /** The lease TTL used when none is given and the bucket does not exist yet. */
 export const DEFAULT_TTL = 15_000;
@@ -58,8 +58,9 @@ export const MIN_TTL = 500;
 /**
  * The NATS connection a manager works over: any `NatsConnection` of
  * `@nats-io/nats-core`, made with any transport (`@nats-io/transport-node`,
- * `wsconnect`, ...). Declared by the members the manager itself reads, so
- * the published types stand on their own.
+ * `wsconnect`, ...). Declared by the members the manager itself calls, so
+ * the published types stand on their own; JetStream requests go through
+ * nats.js, which uses the rest of the connection.
  *
  * @example Connect with the Node transport
  * ```ts ignore
@@ -68,10 +69,12 @@ export const MIN_TTL = 500;
  * ```
  */
 export interface Connection {
-  /** The server's info; its `version` decides whether replicated buckets are safe. */
+  /** The info of the server this client is connected to (not of the servers that hold the bucket). */
   readonly info?: { readonly version: string } | undefined;
   /** Whether the connection is closed for good. */
   isClosed(): boolean;
+  /** Settles when the connection is closed for good: the manager then stops vouching for every lease. */
+  closed(): Promise<void | Error>;
   /** Request-reply, on which JetStream runs. */
   request(subject: string): Promise<unknown>;
 }
@@ -100,10 +103,25 @@ export interface LeaseManagerOptions {
    */
   bucket?: string;
   /**
+   * Create the bucket when it does not exist. `false` refuses to start
+   * instead: a bucket deleted and re-created restarts revisions, and so
+   * epochs, at 1 (see the README on re-creating a bucket).
+   * @default {true}
+   */
+  createBucket?: boolean;
+  /**
    * Replicas of the bucket, used only when this call creates it.
    * @default {1}
    */
   replicas?: number;
+  /**
+   * Accept a replicated bucket whose servers could not all be proven to be
+   * nats-server 2.9.21 or later (older ones let two compare-and-set updates
+   * of one revision both succeed, nats-server#4320). Only for operators who
+   * know every server that may ever hold the bucket's stream.
+   * @default {false}
+   */
+  allowUnverifiedReplicas?: boolean;
   /**
    * Aborting this signal shuts the manager down, as
    * {@linkcode LeaseManager.close} does.
@@ -113,13 +131,29 @@ export interface LeaseManagerOptions {
   /**
    * Time in milliseconds to wait for each server request before treating it
    * as unanswered (the write is refused, the lease kept if the CAS may have
-   * landed). At most the TTL.
+   * landed). At most the TTL in force (given or adopted).
    * @default {Math.min(ttl / 4, 5000)}
    */
   timeout?: number;
   /**
-   * Wait one TTL before the first write after acquiring a key that was not
-   * cleanly released, even if this process never saw another holder.
+   * How long {@linkcode LeaseManager.close} and
+   * {@linkcode LeaseManager.release} wait for in-flight writes to settle,
+   * renewing the lease meanwhile, before they stop vouching for it. A key
+   * whose writes did not settle is left to expire, not released.
+   * @default {the TTL}
+   */
+  settleTimeout?: number;
+  /**
+   * Release a key automatically once no guard has used it for this many
+   * milliseconds, so a process that touches many keys does not renew them
+   * all until `close()`. `undefined` keeps every acquired key until
+   * `release()` or `close()`.
+   * @default {undefined}
+   */
+  idleRelease?: number;
+  /**
+   * Wait one TTL before the first write after acquiring a key that
+   * expired, even if this process never saw another holder.
    *
    * `true` (the default) is the safe choice: a process that starts just
    * after a paused holder's lease expired cannot tell that holder is still
@@ -135,7 +169,14 @@ export interface LeaseManagerOptions {
   restartGrace?: boolean;
 }
 
-/** A held lease, handed to a guarded write. */
+/**
+ * A held lease, handed to a guarded write.
+ *
+ * Three lines of defence, from cheapest to strongest: `signal` aborts
+ * promptly in a live process; `throwIfLost()` is exact at the instant it is
+ * called (it reads the clock), so call it right before the commit point;
+ * the `epoch` is the last line, for a store that can reject stale epochs.
+ */
 export interface Lease {
   /** The store key. */
   readonly key: string;
@@ -144,15 +185,30 @@ export interface Lease {
   /**
    * The fencing epoch: the KV revision at which this node's tenure began.
    * Constant while the node holds the key; strictly greater for any later
-   * holder.
+   * holder (within one incarnation of the bucket).
    */
   readonly epoch: number;
   /**
    * Aborts as soon as the manager learns the lease is lost (a renewal found
-   * another holder) or can no longer vouch for it (the deadline of the last
-   * confirmed renewal passed), or when the guard's own signal aborts.
+   * another holder), can no longer vouch for it (the deadline passed), the
+   * key is released, or the guard's own signal aborts. A timer drives it,
+   * so after the process was paused it may abort late: use
+   * {@linkcode Lease.throwIfLost} at the commit point.
    */
   readonly signal: AbortSignal;
+  /**
+   * The instant, on the `performance.now()` clock, until which the manager
+   * vouches for the lease: one TTL after the last confirmed renewal was
+   * sent. It moves forward while renewals succeed, and stops moving when
+   * the lease ends.
+   */
+  readonly deadline: number;
+  /**
+   * Throws the loss reason if `signal` aborted, or an
+   * {@linkcode UnavailableError} if the deadline has passed. Made for
+   * "check right before you commit".
+   */
+  throwIfLost(): void;
 }
 
 /** Who holds a key, as reported by {@linkcode LeaseManager.holder}. */
@@ -173,6 +229,19 @@ export interface GuardOptions {
   signal?: AbortSignal;
 }
 
+/** What {@linkcode LeaseManager.close} did with the keys it held. */
+export interface CloseResult {
+  /** Keys released by compare-and-delete: a successor takes them at once. */
+  readonly released: readonly string[];
+  /**
+   * Keys this manager held or may have held but could not release cleanly
+   * (writes still running after `settleTimeout`, the failover grace still
+   * running, the server unreachable): their entries expire after at most
+   * one TTL, and a successor then waits the grace.
+   */
+  readonly unreleased: readonly string[];
+}
+
 /** A lease manager, made by {@linkcode createLeaseManager}. */
 export interface LeaseManager extends AsyncDisposable {
   /** This process's node id. */
@@ -188,18 +257,25 @@ export interface LeaseManager extends AsyncDisposable {
    * In steady state this costs one server round trip; concurrent guards on
    * one key share it.
    *
+   * A key once acquired is renewed in the background (every TTL/3) until
+   * {@linkcode LeaseManager.release}, `close()`, or `idleRelease`.
+   *
    * @typeParam T What `write` returns.
    * @param key The store key: ASCII letters, digits, `-`, `_`, `/`, `=` and non-empty `.`-separated tokens.
-   * @param write The write; it gets the {@linkcode Lease} with the fencing epoch and a loss signal.
+   * @param write The write; it gets the {@linkcode Lease} with the fencing epoch, deadline and loss signal.
    * @param options A signal to stop waiting.
    * @returns What `write` returns; what it throws is rethrown unchanged, and the lease stays held.
-   * @throws {NotHolderError} Another node holds the key, or the grace after a takeover is running.
-   * @throws {UnavailableError} The server could not be reached or answered too late; `write` was not called.
-   * @throws {TypeError} The key is invalid or the manager is closed.
+   * @throws {NotHolderError} Another node holds the key, or the grace after a takeover is running; `write` was not called.
+   * @throws {UnavailableError} The server could not be reached, answered too late, or the bucket is gone; `write` was not called.
+   * @throws {TypeError} The key is invalid, `write` is not a function, or the manager is closed.
    *
    * @example Guard a write
    * ```ts ignore
-   * const n = await leases.guard("orders", ({ epoch }) => store.append(epoch, record));
+   * const n = await leases.guard("orders", (lease) => {
+   *   const record = prepare();
+   *   lease.throwIfLost(); // right before the commit point
+   *   return store.append(lease.epoch, record);
+   * });
    * ```
    */
   guard<T>(
@@ -214,6 +290,7 @@ export interface LeaseManager extends AsyncDisposable {
    * @param key The store key.
    * @returns `true` when this node holds the key.
    * @throws {UnavailableError} The server could not be reached.
+   * @throws {TypeError} The key is invalid or the manager is closed.
    *
    * @example Check a lease
    * ```ts ignore
@@ -223,11 +300,12 @@ export interface LeaseManager extends AsyncDisposable {
   held(key: string): Promise<boolean>;
   /**
    * Reads who holds `key`, to route writes to it. A read, so a hint: it
-   * may be a moment stale.
+   * may be a moment stale. Keeps no state for the key.
    *
    * @param key The store key.
    * @returns The holder, or `null` when nobody holds the key.
    * @throws {UnavailableError} The server could not be reached.
+   * @throws {TypeError} The key is invalid or the manager is closed.
    *
    * @example Route a write
    * ```ts ignore
@@ -237,18 +315,41 @@ export interface LeaseManager extends AsyncDisposable {
    */
   holder(key: string): Promise<Holder | null>;
   /**
-   * Shuts down: new guards reject, renewals stop, in-flight writes settle,
-   * then each held lease is released by compare-and-delete on our own
-   * revision so a successor takes over at once. Safe to call twice.
+   * Gives up the lease of `key`: waits for its in-flight writes to settle
+   * (renewing meanwhile, at most `settleTimeout`), deletes our entry by
+   * compare-and-delete on our own revision so a successor takes over at
+   * once, aborts the lease signal, stops renewing and forgets the key. A
+   * release that cannot be clean (writes still running, the failover grace
+   * still running, the lease no longer confirmed) leaves the entry to
+   * expire instead, so the successor waits the grace. A guard on the key
+   * after this acquires it again. Resolves at once for a key not held.
    *
-   * @returns A promise that resolves when every lease is released or expired.
+   * @param key The store key.
+   * @returns A promise that resolves when the key is released or left to expire.
+   * @throws {TypeError} The key is invalid.
+   *
+   * @example Release a key this node is done with
+   * ```ts ignore
+   * await leases.guard("import-2026-12", (l) => runImport(l.epoch));
+   * await leases.release("import-2026-12");
+   * ```
+   */
+  release(key: string): Promise<void>;
+  /**
+   * Shuts down: new guards reject at once; in-flight writes settle (their
+   * leases renewed meanwhile, at most `settleTimeout`); then each held lease
+   * is released as {@linkcode LeaseManager.release} does, each attempt
+   * bounded by the request timeout. Safe to call twice.
+   *
+   * @returns Which keys were released and which were left to expire.
    *
    * @example Shut down
    * ```ts ignore
-   * await leases.close();
+   * const { unreleased } = await leases.close();
+   * if (unreleased.length) console.warn("left to expire:", unreleased);
    * ```
    */
-  close(): Promise<void>;
+  close(): Promise<CloseResult>;
 }
 
 /**
@@ -306,8 +407,9 @@ export class NotHolderError extends Error {
 }
 
 /**
- * The server could not be reached or answered too late; the write was not
- * run. The lease may still be held: a later guard finds out.
+ * The server could not be reached or answered too late, or the bucket is
+ * gone; the write was not run. The lease may still be held: a later guard
+ * finds out.
  *
  * @example Tell outage from contention
  * ```ts ignore
@@ -472,59 +574,54 @@ function abortReason(signal: AbortSignal): unknown {
 }
 
 // ---------------------------------------------------------------------------
-// Server facts.
-
-/** The revision the server names in a "wrong last sequence: N" rejection. */
-function conflictRevision(err: unknown): number | undefined {
-  if (
-    !(err instanceof JetStreamApiError) ||
-    (err.code !== 10071 && err.code !== 10164)
-  ) return undefined;
-  const m = /wrong last sequence: (\d+)/.exec(err.message);
-  return m ? Number(m[1]) : -1;
-}
-
-function isConflict(err: unknown): boolean {
-  return conflictRevision(err) !== undefined;
-}
-
-/** nats-server fixed the replicated CAS race (nats-server#4320) in 2.9.21. */
-function casSafeOnReplicas(version: string | undefined): boolean {
-  const m = /^v?(\d+)\.(\d+)\.(\d+)/.exec(version ?? "");
-  if (!m) return false;
-  const [maj, min, pat] = [Number(m[1]), Number(m[2]), Number(m[3])];
-  if (maj !== 2) return maj > 2;
-  if (min !== 9) return min > 9;
-  return pat >= 21;
-}
+// What an entry says.
 
 const encoder = new TextEncoder();
-const decoder = new TextDecoder();
 
-/** What the last entry of a key says. */
+/** Our tag: `lease:<instance>:<epoch>:<counter>`; epoch 0 on an acquire. */
+const TAG_RE = /^lease:([^:]+):(\d+):(\d+)$/;
+
+/**
+ * How the last entry of a key bears on a contender:
+ * - `put`: a holder's entry;
+ * - `released`: a lease manager's clean release (a delete tagged like our
+ *   writes, written only after the holder's writes settled, its own grace
+ *   was over and its lease was still confirmed): no grace;
+ * - `expired`: no entry, or the server's `MaxAge` marker: the holder's
+ *   deadline has passed (expiry is late, never early), so one grace;
+ * - `removed`: any other delete or purge (an operator's `kv.delete`): the
+ *   holder may still be inside its deadline, so one TTL plus the grace.
+ */
 interface Seen {
   seq: number;
-  op: "PUT" | "DEL" | "PURGE";
+  kind: "put" | "released" | "expired" | "removed";
   node: string;
-  /** The tenure epoch from our `Nats-Msg-Id` tag, else the revision. */
+  /** The tenure epoch from our tag, else the revision. */
   epoch: number;
-  /** The instance id from our tag, when the entry carries one. */
+  /** The instance and counter from our tag, when the entry carries one. */
   instance: string | undefined;
+  counter: number;
+  /** Whether the tag says this is an acquire (epoch 0). */
+  acquire: boolean;
 }
 
-const TAG_RE = /^lease:([^:]+):(\d+):\d+$/;
-
-function toSeen(sm: StoredMsg): Seen {
-  const op = sm.header?.get("KV-Operation") ||
-    (sm.header?.has("Nats-Marker-Reason") ? "PURGE" : "PUT");
-  const tag = TAG_RE.exec(sm.header?.get("Nats-Msg-Id") ?? "");
+function toSeen(e: RawEntry): Seen {
+  const tag = TAG_RE.exec(e.msgId ?? "");
   const tagged = tag ? Number(tag[2]) : 0;
+  let kind: Seen["kind"];
+  if (e.marker !== undefined) {
+    kind = e.marker === "MaxAge" ? "expired" : "removed";
+  } else if (e.operation === "DEL") kind = tag ? "released" : "removed";
+  else if (e.operation === "PURGE") kind = "removed";
+  else kind = "put";
   return {
-    seq: sm.seq,
-    op: op === "DEL" || op === "PURGE" ? op : "PUT",
-    node: decoder.decode(sm.data),
-    epoch: tagged > 0 ? tagged : sm.seq,
+    seq: e.seq,
+    kind,
+    node: kind === "put" ? e.value : "",
+    epoch: tagged > 0 ? tagged : e.seq,
     instance: tag?.[1],
+    counter: tag ? Number(tag[3]) : 0,
+    acquire: tag !== null && tagged === 0,
   };
 }
 
@@ -550,6 +647,35 @@ function batch(): Batch {
   return { promise, resolve, reject };
 }
 
+/**
+ * One holder's continuous tenure of a key: one epoch, one loss signal, and
+ * the deadline until which the manager vouches for it.
+ */
+class Tenure {
+  readonly epoch: number;
+  readonly controller: AbortController = new AbortController();
+  /** Local monotonic time until which the last confirmed CAS vouches for us. */
+  validUntil = 0;
+
+  constructor(epoch: number) {
+    this.epoch = epoch;
+  }
+
+  /** Ends the tenure: the signal aborts and the deadline stops at `now`. */
+  end(reason: unknown, now: number): void {
+    if (this.controller.signal.aborted) return;
+    this.validUntil = Math.min(this.validUntil, now);
+    this.controller.abort(reason);
+  }
+}
+
+/** An acquiring CAS whose reply we have not seen. */
+interface Pending {
+  counter: number;
+  grace: number;
+  sent: number;
+}
+
 class KeyState {
   readonly key: string;
   readonly subject: string;
@@ -557,10 +683,8 @@ class KeyState {
   held = false;
   /** The revision we last wrote (valid when held). */
   rev = 0;
-  /** The revision our tenure began at (valid when held). */
-  epoch = 0;
-  /** Local monotonic time until which the last confirmed CAS vouches for us. */
-  validUntil = 0;
+  /** The current (or last) tenure; its epoch is the revision it began at. */
+  tenure: Tenure | undefined;
   /** Local monotonic time of the next background renewal. */
   renewAt = 0;
   /** No write before this monotonic time (failover grace). */
@@ -571,19 +695,23 @@ class KeyState {
   foreign: string | undefined;
   /** A foreign entry's revision and when we first saw it (for stale-entry takeover). */
   observed: { seq: number; at: number } | undefined;
-  /** Aborts when the current tenure ends or can no longer be vouched for. */
-  controller: AbortController | undefined;
+  /** Our acquiring CASes whose fate we do not know yet. */
+  pending: Pending[] = [];
   /** One server operation per key at a time; guards arriving meanwhile share the next. */
   busy = false;
   next: Batch | undefined;
-  /** The renewal slot this key is planned in (0: none). */
-  renewSlot = 0;
-  expiryTimer: ReturnType<typeof setTimeout> | undefined;
-  /** Guarded writes running now, and who waits for them to settle. */
-  writes = 0;
-  drained: (() => void) | undefined;
   /** Resolves when no server operation is running for the key. */
   idle: Promise<void> = Promise.resolve();
+  /** The renewal slot this key is planned in (0: none). */
+  renewSlot = 0;
+  expiryTimer: unknown;
+  /** Guarded writes running now, and who waits for them to settle. */
+  writes = 0;
+  drained: (() => void)[] = [];
+  /** Set while `release()` or `close()` gives the key up. */
+  releasing: Promise<boolean> | undefined;
+  /** When a guard last used the key (for `idleRelease`). */
+  lastUse = 0;
 
   constructor(key: string, subject: string) {
     this.key = key;
@@ -591,51 +719,134 @@ class KeyState {
   }
 }
 
-// ---------------------------------------------------------------------------
-
-interface Resolved {
-  nc: NatsConnection; // checked to be one in resolveOptions
+/**
+ * What the protocol core needs besides its {@linkcode Port}: the resolved
+ * options. `createLeaseManager` makes these; the simulator makes its own.
+ */
+export interface ManagerSettings {
+  /** This process's node id. */
   node: string;
+  /** Lease TTL in ms (the bucket's max age). */
   ttl: number;
+  /** Request timeout in ms. */
   timeout: number;
-  restartGrace: boolean;
+  /** The bucket name; subjects are `$KV.<bucket>.<key>`. */
   bucket: string;
+  /** See {@linkcode LeaseManagerOptions.restartGrace}. */
+  restartGrace: boolean;
+  /** See {@linkcode LeaseManagerOptions.settleTimeout}. */
+  settleTimeout: number;
+  /** See {@linkcode LeaseManagerOptions.idleRelease}. */
+  idleRelease: number | undefined;
+  /** Aborting it closes the manager. */
   signal: AbortSignal | undefined;
 }
+
+/**
+ * Runs the protocol over `port`. Internal: the simulator's entry point;
+ * users call {@linkcode createLeaseManager}.
+ *
+ * @param port The clock, timers and server operations.
+ * @param settings The resolved options.
+ * @returns The manager.
+ */
+export function managerOnPort(
+  port: Port,
+  settings: ManagerSettings,
+): LeaseManager {
+  return new Manager(port, settings);
+}
+
+function errText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** A lease handed to one guarded write; reads its tenure's live deadline. */
+class HeldLease implements Lease {
+  readonly key: string;
+  readonly node: string;
+  readonly epoch: number;
+  readonly signal: AbortSignal;
+  readonly #tenure: Tenure;
+  readonly #port: Port;
+
+  constructor(
+    key: string,
+    node: string,
+    tenure: Tenure,
+    signal: AbortSignal,
+    port: Port,
+  ) {
+    this.key = key;
+    this.node = node;
+    this.epoch = tenure.epoch;
+    this.signal = signal;
+    this.#tenure = tenure;
+    this.#port = port;
+  }
+
+  get deadline(): number {
+    return this.#tenure.validUntil;
+  }
+
+  throwIfLost(): void {
+    if (this.signal.aborted) throw this.signal.reason;
+    const now = this.#port.now();
+    if (now >= this.#tenure.validUntil) {
+      const err = expiredError(this.key);
+      // The timer may not have run yet (a paused process): end it now.
+      this.#tenure.end(err, now);
+      throw err;
+    }
+  }
+}
+
+function expiredError(key: string): UnavailableError {
+  return new UnavailableError(
+    key,
+    `Lease on '${key}' could not be renewed within its TTL`,
+  );
+}
+
+// ---------------------------------------------------------------------------
 
 class Manager implements LeaseManager {
   readonly node: string;
   readonly ttl: number;
   readonly bucket: string;
+  readonly #port: Port;
   readonly #nodeBytes: Uint8Array;
   readonly #timeout: number;
   readonly #restartGrace: boolean;
-  readonly #nc: NatsConnection;
-  readonly #js: JetStreamClient;
-  readonly #jsm: JetStreamManager;
-  readonly #kv: KV;
-  readonly #stream: string;
-  readonly #direct: boolean;
+  readonly #settleTimeout: number;
+  readonly #idleRelease: number | undefined;
   /** Tags our writes so a restarted process with our node id is told apart. */
-  readonly #instance: string = crypto.randomUUID().replaceAll("-", "");
+  readonly #instance: string;
   #counter = 0;
+  /**
+   * The highest revision any of our writes was applied at. Revisions only
+   * grow within one stream, so a write applied at or below the value this
+   * had when the write was sent proves the bucket was deleted and
+   * re-created (epochs restarted).
+   */
+  #maxRev = 0;
+  /** Set when the bucket is gone or was replaced: we vouch for nothing again. */
+  #defunct: string | undefined;
   readonly #keys = new Map<string, KeyState>();
   /** Renewal slots: planned time → keys, served by one timer. */
   readonly #slots = new Map<number, KeyState[]>();
   readonly #quantum: number;
-  #tickTimer: ReturnType<typeof setTimeout> | undefined;
+  #tickTimer: unknown;
   #tickAt = Infinity;
-  #closing: Promise<void> | undefined;
+  /** Set by close(): no new guards. */
+  #closing: Promise<CloseResult> | undefined;
+  /** Set once close() has released everything: no renewals. */
+  #stopped = false;
   readonly #signal: AbortSignal | undefined;
   readonly #onAbort = () => void this.close();
 
-  constructor(
-    o: Resolved,
-    js: JetStreamClient,
-    jsm: JetStreamManager,
-    kv: KV,
-    direct: boolean,
-  ) {
+  constructor(port: Port, o: ManagerSettings) {
+    this.#port = port;
     this.node = o.node;
     this.ttl = o.ttl;
     this.#quantum = Math.min(o.ttl / 30, 50);
@@ -643,26 +854,31 @@ class Manager implements LeaseManager {
     this.#nodeBytes = encoder.encode(o.node);
     this.#timeout = o.timeout;
     this.#restartGrace = o.restartGrace;
-    this.#nc = o.nc;
-    this.#js = js;
-    this.#jsm = jsm;
-    this.#kv = kv;
-    this.#stream = `KV_${o.bucket}`;
-    this.#direct = direct;
+    this.#settleTimeout = o.settleTimeout;
+    this.#idleRelease = o.idleRelease;
+    this.#instance = port.newInstanceId();
     this.#signal = o.signal;
     this.#signal?.addEventListener("abort", this.#onAbort, { once: true });
     // A connection closed for good can neither renew nor release: stop the
     // timers (so the process can exit) and stop vouching for any lease.
-    void o.nc.closed().then(() => this.#connectionClosed());
+    void port.closed().then(() => this.#connectionClosed());
   }
 
   #state(key: string): KeyState {
     let st = this.#keys.get(key);
     if (!st) {
-      st = new KeyState(key, `$KV.${this.bucket}.${key}`);
+      st = new KeyState(key, this.#subject(key));
       this.#keys.set(key, st);
     }
     return st;
+  }
+
+  #subject(key: string): string {
+    return `$KV.${this.bucket}.${key}`;
+  }
+
+  #tag(epoch: number): string {
+    return `lease:${this.#instance}:${epoch}:${++this.#counter}`;
   }
 
   async guard<T>(
@@ -681,86 +897,104 @@ class Manager implements LeaseManager {
     const signal = options?.signal;
     if (signal?.aborted) throw abortReason(signal);
     this.#checkOpen("guard a write", key);
-    const st = this.#state(key);
+    const st = await this.#claim(key, signal);
     // A key in its grace needs no round trip to be refused.
-    const wait = st.held ? st.notBefore - performance.now() : 0;
+    const wait = st.held ? st.notBefore - this.#port.now() : 0;
     if (wait > 0) throw new NotHolderError(key, undefined, Math.ceil(wait));
 
-    await this.#sync(st, signal);
+    try {
+      await this.#sync(st, signal);
+    } catch (err) {
+      throw this.#unavailable("guard a write", key, err);
+    }
 
     if (signal?.aborted) throw abortReason(signal);
     this.#checkOpen("guard a write", key);
+    if (this.#defunct) throw this.#unavailable("guard a write", key);
     if (!st.held) throw new NotHolderError(key, st.foreign);
-    const now = performance.now();
+    const now = this.#port.now();
     if (now < st.notBefore) {
       throw new NotHolderError(key, undefined, Math.ceil(st.notBefore - now));
     }
-    if (
-      now >= st.validUntil || !st.controller || st.controller.signal.aborted
-    ) {
+    const tenure = st.tenure!;
+    this.#vouch(st, now);
+    if (tenure.controller.signal.aborted) {
       // The CAS landed but took so long that it no longer vouches for us.
       throw new UnavailableError(
         key,
-        `Lease on '${key}' was confirmed too late to write under it`,
+        `Cannot guard a write on '${key}': the lease was confirmed too late to write under it`,
       );
     }
     // With a caller's signal, one controller follows both for the length of
     // the write; its listeners go in `finally`, so a long-lived caller
     // signal does not collect one dependent per guard.
-    const tenure = st.controller.signal;
-    let leaseSignal = tenure;
+    const tenureSignal = tenure.controller.signal;
+    let leaseSignal = tenureSignal;
     let unfollow: (() => void) | undefined;
     if (signal) {
       const follow = new AbortController();
-      const onTenure = () => follow.abort(tenure.reason);
+      const onTenure = () => follow.abort(tenureSignal.reason);
       const onCaller = () => follow.abort(signal.reason);
-      tenure.addEventListener("abort", onTenure, { once: true });
+      tenureSignal.addEventListener("abort", onTenure, { once: true });
       signal.addEventListener("abort", onCaller, { once: true });
       leaseSignal = follow.signal;
       unfollow = () => {
-        tenure.removeEventListener("abort", onTenure);
+        tenureSignal.removeEventListener("abort", onTenure);
         signal.removeEventListener("abort", onCaller);
       };
     }
-    const lease: Lease = {
-      key,
-      node: this.node,
-      epoch: st.epoch,
-      signal: leaseSignal,
-    };
     st.writes++;
     try {
-      return await write(lease);
+      return await write(
+        new HeldLease(key, this.node, tenure, leaseSignal, this.#port),
+      );
     } finally {
       unfollow?.();
-      if (--st.writes === 0) st.drained?.();
+      if (--st.writes === 0) {
+        for (const r of st.drained.splice(0)) r();
+      }
     }
   }
 
   async held(key: string): Promise<boolean> {
     checkKey("check a lease", key);
     this.#checkOpen("check a lease", key);
-    const st = this.#state(key);
-    await this.#sync(st, undefined);
-    return st.held;
+    const st = await this.#claim(key, undefined);
+    try {
+      await this.#sync(st, undefined);
+    } catch (err) {
+      throw this.#unavailable("check the lease", key, err);
+    }
+    return st.held && !this.#defunct;
   }
 
   async holder(key: string): Promise<Holder | null> {
     checkKey("read a holder", key);
     this.#checkOpen("read a holder", key);
-    const st = this.#state(key);
     let seen: Seen | null;
     try {
-      seen = await this.#read(st);
+      seen = await this.#read(this.#subject(key), undefined, false);
     } catch (err) {
-      throw new UnavailableError(
-        key,
-        `Cannot read the holder of '${key}': ${errText(err)}`,
-        { cause: err },
-      );
+      throw this.#unavailable("read the holder", key, err);
     }
-    if (!seen || seen.op !== "PUT") return null;
+    if (!seen || seen.kind !== "put") return null;
     return { node: seen.node, epoch: seen.epoch };
+  }
+
+  /** The key's state for a guard: after any release of it has finished. */
+  async #claim(
+    key: string,
+    signal: AbortSignal | undefined,
+  ): Promise<KeyState> {
+    for (;;) {
+      const st = this.#state(key);
+      if (!st.releasing) {
+        st.lastUse = this.#port.now();
+        return st;
+      }
+      await (signal ? raceAbort(st.releasing, signal) : st.releasing);
+      this.#checkOpen("guard a write", key);
+    }
   }
 
   #checkOpen(verb: string, key: string): void {
@@ -770,6 +1004,15 @@ class Manager implements LeaseManager {
         this.#signal?.aborted ? { cause: this.#signal.reason } : undefined,
       );
     }
+  }
+
+  /** An UnavailableError that says which call could not be served. */
+  #unavailable(verb: string, key: string, err?: unknown): unknown {
+    if (err !== undefined && !(err instanceof UnavailableError)) return err;
+    const why = this.#defunct ?? (err as UnavailableError).message;
+    return new UnavailableError(key, `Cannot ${verb} on '${key}': ${why}`, {
+      cause: err instanceof UnavailableError ? err.cause ?? err : undefined,
+    });
   }
 
   /**
@@ -784,15 +1027,7 @@ class Manager implements LeaseManager {
       b = st.next = batch();
       if (!st.busy) void this.#pump(st);
     }
-    if (!signal) return b.promise;
-    const done = b.promise;
-    return new Promise<void>((resolve, reject) => {
-      const onAbort = () => reject(abortReason(signal));
-      signal.addEventListener("abort", onAbort, { once: true });
-      done.then(resolve, reject).finally(() =>
-        signal.removeEventListener("abort", onAbort)
-      );
-    });
+    return signal ? raceAbort(b.promise, signal) : b.promise;
   }
 
   async #pump(st: KeyState): Promise<void> {
@@ -803,6 +1038,7 @@ class Manager implements LeaseManager {
       const b = st.next;
       st.next = undefined;
       try {
+        if (this.#defunct) throw new UnavailableError(st.key, this.#defunct);
         await (st.held ? this.#renew(st) : this.#acquire(st));
         b.resolve();
       } catch (err) {
@@ -813,80 +1049,141 @@ class Manager implements LeaseManager {
     finish();
   }
 
-  /** Publishes our node id on `st`'s key if its last revision is `expect`. */
-  async #cas(st: KeyState, expect: number, epoch: number): Promise<number> {
-    const ack = await this.#js.publish(st.subject, this.#nodeBytes, {
-      expect: { lastSubjectSequence: expect },
-      msgID: `lease:${this.#instance}:${epoch}:${++this.#counter}`,
-      timeout: this.#timeout,
-    });
-    return ack.seq;
+  /**
+   * Publishes on `st`'s key if its last revision is `expect`. Unanswered
+   * requests reject with UnavailableError; a missing bucket makes the
+   * manager defunct.
+   */
+  async #write(
+    st: KeyState,
+    op: "PUT" | "DEL",
+    expect: number,
+    msgId: string,
+  ): Promise<WriteResult> {
+    // Every revision we saw applied before sending is below the one this
+    // write gets, if it is applied in the same stream.
+    const floor = this.#maxRev;
+    let res: WriteResult;
+    try {
+      res = await this.#port.write({
+        subject: st.subject,
+        op,
+        value: op === "PUT" ? this.#nodeBytes : new Uint8Array(0),
+        expect,
+        msgId,
+        timeout: this.#timeout,
+      });
+    } catch (err) {
+      if (err instanceof BucketGone) this.#goDefunct(err.message);
+      throw new UnavailableError(st.key, errText(err), { cause: err });
+    }
+    if ("seq" in res) {
+      if (res.seq <= floor) {
+        this.#goDefunct(
+          `the bucket '${this.bucket}' was deleted and re-created (revision ${res.seq} after ${floor}), so its epochs restarted`,
+        );
+        throw new UnavailableError(st.key, this.#defunct!);
+      }
+      this.#maxRev = Math.max(this.#maxRev, res.seq);
+    }
+    return res;
   }
 
-  async #read(st: KeyState, seq?: number): Promise<Seen | null> {
-    const query = seq ? { seq } : { last_by_subj: st.subject };
-    const sm = this.#direct
-      ? await this.#jsm.direct.getMessage(this.#stream, query)
-      : await this.#jsm.streams.getMessage(this.#stream, query);
-    if (!sm || sm.subject !== st.subject) return null;
-    return toSeen(sm);
+  async #read(
+    subject: string,
+    seq: number | undefined,
+    leader: boolean,
+  ): Promise<Seen | null> {
+    let e: RawEntry | null;
+    try {
+      e = await this.#port.read(
+        subject,
+        seq === undefined ? { leader } : { seq, leader },
+        this.#timeout,
+      );
+    } catch (err) {
+      if (err instanceof BucketGone) this.#goDefunct(err.message);
+      throw err;
+    }
+    return e ? toSeen(e) : null;
   }
 
   #ours(st: KeyState, seen: Seen | null): boolean {
-    return seen !== null && seen.op === "PUT" && seen.node === this.node &&
-      seen.instance === this.#instance && seen.epoch === st.epoch;
+    return seen !== null && seen.kind === "put" &&
+      seen.node === this.node && seen.instance === this.#instance &&
+      st.tenure !== undefined && seen.epoch === st.tenure.epoch;
   }
 
   /** Renews a lease we believe we hold: the steady-state round trip. */
   async #renew(st: KeyState): Promise<void> {
+    const epoch = st.tenure!.epoch;
     for (let attempt = 0; attempt < 3; attempt++) {
-      const sent = performance.now();
+      const sent = this.#port.now();
+      let res: WriteResult;
       try {
-        st.rev = await this.#cas(st, st.rev, st.epoch);
+        res = await this.#write(st, "PUT", st.rev, this.#tag(epoch));
+      } catch (err) {
+        // No answer: the CAS may or may not have landed. Keep the claim
+        // (the next CAS on the old revision settles it) and let the
+        // deadline withdraw our vouching if this lasts.
+        this.#retryRenewal(st);
+        throw new UnavailableError(
+          st.key,
+          `the lease could not be renewed: ${errText(err)}`,
+          { cause: (err as Error).cause ?? err },
+        );
+      }
+      if ("seq" in res) {
+        st.rev = res.seq;
         this.#confirmed(st, sent);
         return;
-      } catch (err) {
-        const at = conflictRevision(err);
-        if (at === undefined) {
-          // No answer: the CAS may or may not have landed. Keep the claim
-          // (the next CAS on the old revision settles it) and let the
-          // deadline timer withdraw our vouching if this lasts.
-          this.#retryRenewal(st);
-          throw new UnavailableError(
-            st.key,
-            `Cannot renew the lease on '${st.key}': ${errText(err)}`,
-            { cause: err },
-          );
-        }
-        // Someone's write won. If it is ours (an earlier CAS whose reply we
-        // never got), carry on from it; otherwise the lease is lost.
-        let seen: Seen | null;
-        try {
-          // at === 0: the entry expired; at < 0: the server did not say.
-          seen = at === 0
-            ? null
-            : await this.#read(st, at > 0 ? at : undefined);
-        } catch (readErr) {
-          this.#retryRenewal(st);
-          throw new UnavailableError(
-            st.key,
-            `Cannot tell whether the lease on '${st.key}' is still held: ${
-              errText(readErr)
-            }`,
-            { cause: readErr },
-          );
-        }
-        if (this.#ours(st, seen)) {
-          st.rev = seen!.seq;
-          continue;
-        }
-        this.#lost(st, seen);
-        return;
       }
+      const at = res.conflict;
+      if (at > 0 && at < st.rev) {
+        // The key's last revision is below one we wrote: only a new stream
+        // numbers like that.
+        this.#goDefunct(
+          `the bucket '${this.bucket}' was deleted and re-created (key '${st.key}' at revision ${at} after our ${st.rev}), so its epochs restarted`,
+        );
+        throw new UnavailableError(st.key, this.#defunct!);
+      }
+      // Someone's write won. If it is ours (an earlier CAS whose reply we
+      // never got), carry on from it; otherwise the lease is lost. The read
+      // goes to the stream leader: a lagging replica may not have our own
+      // write yet, and must not turn it into a loss.
+      let seen: Seen | null;
+      try {
+        seen = at === 0 ? null : await this.#read(
+          st.subject,
+          at > 0 ? at : undefined,
+          true,
+        );
+      } catch (err) {
+        this.#retryRenewal(st);
+        throw new UnavailableError(
+          st.key,
+          `cannot tell whether the lease is still held: ${errText(err)}`,
+          { cause: err },
+        );
+      }
+      if (this.#ours(st, seen)) {
+        st.rev = seen!.seq;
+        continue;
+      }
+      if (seen === null && at > 0) {
+        // The revision the server named is gone already (overwritten or
+        // expired since): unknown, not lost. The next CAS names the newer
+        // one.
+        continue;
+      }
+      this.#lost(st, seen);
+      return;
     }
+    // Revisions kept moving under us: keep trying, the deadline bounds it.
+    this.#retryRenewal(st);
     throw new UnavailableError(
       st.key,
-      `Cannot renew the lease on '${st.key}': revisions kept moving`,
+      "the lease could not be renewed: its revisions kept moving",
     );
   }
 
@@ -895,33 +1192,48 @@ class Manager implements LeaseManager {
     for (let attempt = 0; attempt < 3; attempt++) {
       let seen: Seen | null;
       try {
-        seen = await this.#read(st);
+        // Any replica will do: the CAS below decides, and it names the
+        // revision it expects, whose content we read here.
+        seen = await this.#read(st.subject, undefined, false);
       } catch (err) {
         throw new UnavailableError(
           st.key,
-          `Cannot read the lease on '${st.key}': ${errText(err)}`,
+          `the lease could not be read: ${errText(err)}`,
           { cause: err },
         );
       }
-      const now = performance.now();
+      const now = this.#port.now();
+      if (
+        seen?.kind === "put" && seen.acquire &&
+        seen.instance === this.#instance
+      ) {
+        const p = st.pending.find((p) => p.counter === seen.counter);
+        if (p) {
+          // Our own acquiring CAS, whose reply was lost: we hold the key,
+          // with the grace we chose when we sent it. (Only this manager
+          // writes with its instance id.)
+          this.#tookOver(st, seen.seq, p.grace, p.sent);
+          return;
+        }
+      }
       const unknownPast = this.#restartGrace || st.sawForeign;
-      let grace: boolean;
-      let resume = false;
-      if (seen === null || seen.op === "PURGE") {
-        // Absent: never held, or expired. An expired holder may be paused
-        // mid-write, and we cannot tell which.
-        grace = unknownPast;
-      } else if (seen.op === "DEL") {
-        // Released by compare-and-delete after the holder's writes settled.
-        grace = false;
-      } else if (this.#ours(st, seen)) {
-        // Our own tenure, e.g. after a timeout: nobody wrote in between.
-        grace = false;
-        resume = true;
+      let grace: number;
+      if (seen === null || seen.kind === "expired") {
+        // Never held, or expired: the holder's deadline has passed, but it
+        // may be paused mid-write, and we cannot tell.
+        grace = unknownPast ? this.ttl : 0;
+      } else if (seen.kind === "released") {
+        // A lease manager's clean release.
+        grace = 0;
+      } else if (seen.kind === "removed") {
+        // Deleted or purged by someone else while the holder may still be
+        // inside its deadline (at most one TTL away): wait that out, then
+        // the grace.
+        grace = 2 * this.ttl;
       } else if (seen.node === this.node && !this.#restartGrace) {
         // Our node id, written by another process: the Go reference adopts
         // such an entry at once, and restartGrace: false asks for that.
-        grace = false;
+        grace = 0;
       } else {
         // Another node, or our node id written by another process (a
         // previous incarnation, or a second copy): either may be alive and
@@ -938,45 +1250,67 @@ class Manager implements LeaseManager {
           return;
         }
         if (now - st.observed.at < this.ttl) return;
-        grace = true;
+        grace = this.ttl;
       }
       const expect = seen === null ? 0 : seen.seq;
-      const sent = performance.now();
-      let rev: number;
+      const sent = this.#port.now();
+      const msgId = this.#tag(0);
+      // Bounded: an attempt forgotten here that lands after all is taken
+      // for another process's entry with our node id (safe, only slower).
+      if (st.pending.push({ counter: this.#counter, grace, sent }) > 8) {
+        st.pending.shift();
+      }
+      let res: WriteResult;
       try {
-        rev = await this.#cas(st, expect, resume ? st.epoch : 0);
+        res = await this.#write(st, "PUT", expect, msgId);
       } catch (err) {
-        if (isConflict(err)) continue; // the key moved: look again
         throw new UnavailableError(
           st.key,
-          `Cannot acquire the lease on '${st.key}': ${errText(err)}`,
-          { cause: err },
+          `the lease could not be acquired: ${errText(err)}`,
+          { cause: (err as Error).cause ?? err },
         );
       }
-      st.held = true;
-      st.rev = rev;
-      if (!resume) st.epoch = rev;
-      st.observed = undefined;
-      st.foreign = undefined;
-      st.notBefore = grace ? performance.now() + this.ttl : 0;
-      this.#confirmed(st, sent);
+      if (!("seq" in res)) {
+        st.pending.pop(); // refused, so it never lands
+        continue; // the key moved: look again
+      }
+      this.#tookOver(st, res.seq, grace, sent);
       return;
     }
   }
 
+  /** Our acquiring CAS sent at `sent` was applied at `seq`. */
+  #tookOver(st: KeyState, seq: number, grace: number, sent: number): void {
+    st.held = true;
+    st.rev = seq;
+    st.tenure = new Tenure(seq);
+    st.pending = [];
+    st.observed = undefined;
+    st.foreign = undefined;
+    // The grace runs from now, which is after the CAS was applied: the
+    // previous holder's deadline was at most `grace - ttl` before that.
+    st.notBefore = grace > 0 ? this.#port.now() + grace : 0;
+    this.#confirmed(st, sent);
+  }
+
   /** A CAS sent at `sent` succeeded: we hold the key until `sent + ttl`. */
   #confirmed(st: KeyState, sent: number): void {
-    st.validUntil = sent + this.ttl;
-    st.renewAt = sent + this.ttl / 3;
-    if (!st.controller || st.controller.signal.aborted) {
-      st.controller = new AbortController();
+    let t = st.tenure!;
+    if (t.controller.signal.aborted) {
+      // The deadline passed before this confirmation came: same epoch, but
+      // leases handed out before keep their ended signal.
+      t = st.tenure = new Tenure(t.epoch);
     }
+    // The server stamps the entry when the CAS arrives, after `sent`, and
+    // expires it no earlier than a TTL later.
+    t.validUntil = Math.max(t.validUntil, sent + this.ttl);
+    st.renewAt = sent + this.ttl / 3;
     // Both deadlines only move forward here, so a timer armed for an
     // earlier one fires early and re-arms itself: a guarded write touches
     // no timer in steady state.
-    st.expiryTimer ??= setTimeout(
+    st.expiryTimer ??= this.#port.setTimer(
       () => this.#onExpiry(st),
-      Math.max(0, st.validUntil - performance.now()),
+      Math.max(0, t.validUntil - this.#port.now()),
     );
     if (st.renewSlot === 0) this.#plan(st, st.renewAt);
   }
@@ -987,13 +1321,9 @@ class Manager implements LeaseManager {
    * into a stream of timed-out requests).
    */
   #retryRenewal(st: KeyState): void {
-    const saving = performance.now() < st.validUntil;
-    this.#scheduleRenewal(st, saving ? this.ttl / 10 : this.ttl / 3);
-  }
-
-  /** Renews `delay` ms from now (sooner than planned, after a failure). */
-  #scheduleRenewal(st: KeyState, delay: number): void {
-    st.renewAt = performance.now() + delay;
+    const now = this.#port.now();
+    const saving = st.tenure !== undefined && now < st.tenure.validUntil;
+    st.renewAt = now + (saving ? this.ttl / 10 : this.ttl / 3);
     this.#plan(st, st.renewAt);
   }
 
@@ -1006,7 +1336,7 @@ class Manager implements LeaseManager {
    * TTL/3 still leaves most of the TTL to retry in.
    */
   #plan(st: KeyState, at: number): void {
-    if (this.#closing || this.#nc.isClosed()) return;
+    if (this.#stopped || this.#port.isClosed()) return;
     const slot = Math.ceil(at / this.#quantum) * this.#quantum;
     // A key planned in several slots acts only in the one it names.
     st.renewSlot = slot;
@@ -1017,18 +1347,18 @@ class Manager implements LeaseManager {
   }
 
   #arm(slot: number): void {
-    clearTimeout(this.#tickTimer);
+    this.#port.clearTimer(this.#tickTimer);
     this.#tickAt = slot;
-    this.#tickTimer = setTimeout(
+    this.#tickTimer = this.#port.setTimer(
       () => this.#tick(),
-      Math.max(0, slot - performance.now()),
+      Math.max(0, slot - this.#port.now()),
     );
   }
 
   #tick(): void {
     this.#tickTimer = undefined;
     this.#tickAt = Infinity;
-    const now = performance.now();
+    const now = this.#port.now();
     let next = Infinity;
     for (const [slot, keys] of this.#slots) {
       if (slot > now) {
@@ -1048,127 +1378,339 @@ class Manager implements LeaseManager {
   }
 
   #onRenew(st: KeyState, now: number): void {
-    if (!st.held || this.#closing || this.#nc.isClosed()) return;
+    if (!st.held || this.#stopped || this.#port.isClosed()) return;
+    // After a pause, this may be the first code that runs: stop vouching
+    // before anything else does.
+    this.#vouch(st, now);
+    if (
+      this.#idleRelease !== undefined && !st.releasing && st.writes === 0 &&
+      now - st.lastUse >= this.#idleRelease
+    ) {
+      void this.#giveUp(st, now);
+      return;
+    }
     // A guard may have renewed since this was planned: plan anew from then.
     if (st.renewAt > now) this.#plan(st, st.renewAt);
     else void this.#sync(st, undefined);
   }
 
   #stopRenewals(): void {
-    clearTimeout(this.#tickTimer);
+    this.#port.clearTimer(this.#tickTimer);
     this.#tickTimer = undefined;
     this.#tickAt = Infinity;
     this.#slots.clear();
     for (const st of this.#keys.values()) st.renewSlot = 0;
   }
 
+  /** Ends the tenure if its deadline has passed. */
+  #vouch(st: KeyState, now: number): void {
+    const t = st.tenure;
+    if (t && st.held && now >= t.validUntil) t.end(expiredError(st.key), now);
+  }
+
   /** At the deadline of the last confirmed CAS, writes must stop. */
   #onExpiry(st: KeyState): void {
     st.expiryTimer = undefined;
-    if (!st.held) return;
-    const left = st.validUntil - performance.now();
+    if (!st.held || !st.tenure) return;
+    const now = this.#port.now();
+    const left = st.tenure.validUntil - now;
     if (left > 0) {
-      st.expiryTimer = setTimeout(() => this.#onExpiry(st), left);
+      st.expiryTimer = this.#port.setTimer(() => this.#onExpiry(st), left);
       return;
     }
-    st.controller?.abort(
-      new UnavailableError(
-        st.key,
-        `Lease on '${st.key}' could not be renewed within its TTL`,
-      ),
-    );
+    this.#vouch(st, now);
+  }
+
+  #clearExpiry(st: KeyState): void {
+    this.#port.clearTimer(st.expiryTimer);
+    st.expiryTimer = undefined;
   }
 
   #lost(st: KeyState, seen: Seen | null): void {
     st.held = false;
     st.sawForeign = true;
-    st.foreign = seen?.op === "PUT" ? seen.node : undefined;
+    st.foreign = seen?.kind === "put" ? seen.node : undefined;
     st.renewSlot = 0;
-    clearTimeout(st.expiryTimer);
-    st.expiryTimer = undefined;
-    st.controller?.abort(new NotHolderError(st.key, st.foreign));
+    this.#clearExpiry(st);
+    st.tenure?.end(new NotHolderError(st.key, st.foreign), this.#port.now());
+  }
+
+  /** Stops vouching for every lease, for good, with `why`. */
+  #goDefunct(why: string): void {
+    if (this.#defunct) return;
+    this.#defunct = why;
+    this.#stopRenewals();
+    const now = this.#port.now();
+    for (const st of this.#keys.values()) {
+      this.#clearExpiry(st);
+      if (st.held) {
+        st.held = false;
+        st.tenure?.end(new UnavailableError(st.key, why), now);
+      }
+    }
   }
 
   #connectionClosed(): void {
-    this.#stopRenewals();
-    for (const st of this.#keys.values()) {
-      clearTimeout(st.expiryTimer);
-      st.expiryTimer = undefined;
-      if (st.held) {
-        st.held = false;
-        st.controller?.abort(
-          new UnavailableError(
-            st.key,
-            `Lease on '${st.key}' can no longer be renewed: the NATS connection is closed`,
-          ),
-        );
-      }
+    this.#goDefunct("the NATS connection is closed");
+  }
+
+  release(key: string): Promise<void> {
+    checkKey("release a lease", key);
+    const st = this.#keys.get(key);
+    if (!st) return Promise.resolve();
+    return this.#giveUp(st, this.#port.now() + this.#settleTimeout).then(
+      () => {},
+    );
+  }
+
+  /**
+   * Gives `st` up (release or close): settle, release if clean, forget.
+   * Resolves `true` when our entry was deleted cleanly.
+   */
+  #giveUp(st: KeyState, settleBy: number): Promise<boolean> {
+    st.releasing ??= this.#releaseKey(st, settleBy).finally(() => {
+      if (this.#keys.get(st.key) === st) this.#keys.delete(st.key);
+    });
+    return st.releasing;
+  }
+
+  async #releaseKey(st: KeyState, settleBy: number): Promise<boolean> {
+    // Renewals go on while writes settle: a write must not lose its lease
+    // because the process is shutting down.
+    while (st.writes > 0) {
+      const left = settleBy - this.#port.now();
+      if (left <= 0) break;
+      await this.#waitFor(
+        new Promise<void>((r) => st.drained.push(r)),
+        left,
+      );
     }
-  }
-
-  close(): Promise<void> {
-    if (!this.#closing) this.#closing = this.#shutdown();
-    return this.#closing;
-  }
-
-  [Symbol.asyncDispose](): Promise<void> {
-    return this.close();
-  }
-
-  async #shutdown(): Promise<void> {
-    this.#signal?.removeEventListener("abort", this.#onAbort);
-    this.#stopRenewals();
-    await Promise.all([...this.#keys.values()].map((st) => this.#release(st)));
-    this.#keys.clear();
-  }
-
-  /** Waits for `st`'s writes and server operation, then deletes our entry. */
-  async #release(st: KeyState): Promise<void> {
-    if (st.writes > 0) {
-      await new Promise<void>((r) => st.drained = r);
-    }
-    while (st.busy) await st.idle;
-    // Compare-and-delete on our own revision: it can only remove our entry.
-    // A retry after a lost reply is safe for the same reason; it fails once
-    // anything (our delete included) has been written after our revision.
-    while (
-      st.held && performance.now() < st.validUntil && !this.#nc.isClosed()
-    ) {
+    if (st.busy) await this.#waitFor(st.idle, this.#timeout);
+    st.renewSlot = 0;
+    this.#clearExpiry(st);
+    const now = this.#port.now();
+    const t = st.tenure;
+    // Only a release that leaves nothing owed may let a successor skip the
+    // grace: our writes settled, our own grace (owed to the holder before
+    // us) is over, and our lease is still confirmed, so nobody else can
+    // have written since our revision.
+    const clean = st.held && !st.busy && st.writes === 0 &&
+      now >= st.notBefore && t !== undefined && now < t.validUntil &&
+      !this.#defunct && !this.#port.isClosed();
+    let released = false;
+    if (clean) {
+      st.busy = true;
       try {
-        await this.#kv.delete(st.key, { previousSeq: st.rev });
-        break;
-      } catch (err) {
-        if (isConflict(err)) break;
-        await new Promise((r) => setTimeout(r, Math.min(50, this.ttl / 20)));
+        // Compare-and-delete on our own revision: it can only remove our
+        // entry, and our tag marks it as a clean release.
+        const res = await this.#write(st, "DEL", st.rev, this.#tag(t.epoch));
+        released = "seq" in res;
+      } catch {
+        // Unanswered: it may have landed; if not, the entry expires.
+      } finally {
+        st.busy = false;
       }
     }
     st.held = false;
-    clearTimeout(st.expiryTimer);
-    st.expiryTimer = undefined;
-    st.controller?.abort(
+    t?.end(
       new NotHolderError(
         st.key,
         undefined,
         undefined,
-        `Lease on '${st.key}' was released by close()`,
+        `Lease on '${st.key}' was released`,
       ),
+      this.#port.now(),
     );
+    return released;
+  }
+
+  /** Resolves when `p` settles or after `ms`, whichever is first. */
+  #waitFor(p: Promise<unknown>, ms: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const timer = this.#port.setTimer(resolve, ms);
+      const done = () => {
+        this.#port.clearTimer(timer);
+        resolve();
+      };
+      p.then(done, done);
+    });
+  }
+
+  close(): Promise<CloseResult> {
+    this.#closing ??= this.#shutdown();
+    return this.#closing;
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+
+  async #shutdown(): Promise<CloseResult> {
+    this.#signal?.removeEventListener("abort", this.#onAbort);
+    const settleBy = this.#port.now() + this.#settleTimeout;
+    const keys = [...this.#keys.values()];
+    const held = keys.map((st) => st.held || st.pending.length > 0);
+    const done = await Promise.all(
+      keys.map((st) => this.#giveUp(st, settleBy)),
+    );
+    this.#stopped = true;
+    this.#stopRenewals();
+    for (const st of keys) this.#clearExpiry(st);
+    this.#keys.clear();
+    const released: string[] = [];
+    const unreleased: string[] = [];
+    keys.forEach((st, i) => {
+      if (done[i]) released.push(st.key);
+      else if (held[i]) unreleased.push(st.key);
+    });
+    return { released, unreleased };
   }
 }
 
-function errText(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
+/** `p`, or the signal's reason if it aborts first. */
+function raceAbort<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(abortReason(signal));
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(abortReason(signal));
+    signal.addEventListener("abort", onAbort, { once: true });
+    p.then(resolve, reject).finally(() =>
+      signal.removeEventListener("abort", onAbort)
+    );
+  });
+}
+
+// ---------------------------------------------------------------------------
+// The production port: nats.js, `performance.now()` and `setTimeout`.
+
+const decoder = new TextDecoder();
+
+/** The revision the server names in a "wrong last sequence: N" rejection. */
+function conflictRevision(err: unknown): number | undefined {
+  if (
+    !(err instanceof JetStreamApiError) ||
+    (err.code !== 10071 && err.code !== 10164)
+  ) return undefined;
+  const m = /wrong last sequence: (\d+)/.exec(err.message);
+  return m ? Number(m[1]) : -1;
+}
+
+function isStreamNotFound(err: unknown): boolean {
+  return err instanceof JetStreamApiError && err.code === 10059;
+}
+
+/** nats-server fixed the replicated CAS race (nats-server#4320) in 2.9.21. */
+function casSafeOnReplicas(version: string | undefined): boolean {
+  const m = /^v?(\d+)\.(\d+)\.(\d+)/.exec(version ?? "");
+  if (!m) return false;
+  const [maj, min, pat] = [Number(m[1]), Number(m[2]), Number(m[3])];
+  if (maj !== 2) return maj > 2;
+  if (min !== 9) return min > 9;
+  return pat >= 21;
+}
+
+function natsPort(
+  nc: NatsConnection,
+  js: JetStreamClient,
+  jsm: JetStreamManager,
+  stream: string,
+  direct: boolean,
+): Port {
+  // No stream listens on the subject: an election, or a deleted bucket.
+  // Only the second is for good; one stream-info request tells them apart,
+  // and only on this failure path.
+  const gone = async (err: unknown): Promise<never> => {
+    if (isNoResponders(err)) {
+      try {
+        await jsm.streams.info(stream);
+      } catch (infoErr) {
+        if (isStreamNotFound(infoErr)) {
+          throw new BucketGone(`the lease bucket's stream '${stream}' is gone`);
+        }
+      }
+    }
+    if (isStreamNotFound(err)) {
+      throw new BucketGone(`the lease bucket's stream '${stream}' is gone`);
+    }
+    throw err;
+  };
+  return {
+    now: () => performance.now(),
+    setTimer: (fn, ms) => setTimeout(fn, ms),
+    clearTimer: (h) => clearTimeout(h as ReturnType<typeof setTimeout>),
+    newInstanceId: () => crypto.randomUUID().replaceAll("-", ""),
+    async write(req) {
+      let h: MsgHdrs | undefined;
+      if (req.op === "DEL") {
+        h = headers();
+        h.set("KV-Operation", "DEL");
+      }
+      try {
+        const ack = await js.publish(req.subject, req.value, {
+          expect: { lastSubjectSequence: req.expect },
+          msgID: req.msgId,
+          timeout: req.timeout,
+          ...(h ? { headers: h } : {}),
+        });
+        return { seq: ack.seq };
+      } catch (err) {
+        const at = conflictRevision(err);
+        if (at !== undefined) return { conflict: at };
+        return await gone(err);
+      }
+    },
+    async read(subject, query) {
+      const q = query.seq === undefined
+        ? { last_by_subj: subject }
+        : { seq: query.seq };
+      let sm: StoredMsg | null;
+      try {
+        // A Direct Get may be answered by any replica, which may lag; the
+        // MSG.GET API is answered by the stream leader only.
+        sm = direct && !query.leader
+          ? await jsm.direct.getMessage(stream, q)
+          : await jsm.streams.getMessage(stream, q);
+      } catch (err) {
+        return await gone(err);
+      }
+      if (!sm || sm.subject !== subject) return null;
+      const op = sm.header?.get("KV-Operation");
+      return {
+        seq: sm.seq,
+        operation: op === "DEL" || op === "PURGE" ? op : undefined,
+        marker: sm.header?.get("Nats-Marker-Reason") || undefined,
+        msgId: sm.header?.get("Nats-Msg-Id") || undefined,
+        value: decoder.decode(sm.data),
+      };
+    },
+    isClosed: () => nc.isClosed(),
+    closed: () => nc.closed(),
+  };
+}
+
+function isNoResponders(err: unknown): boolean {
+  for (let e = err, i = 0; e instanceof Error && i < 4; e = e.cause, i++) {
+    // nats.js reports "no responders" to a JetStream request as a
+    // JetStreamNotEnabled error (a misleading name) with the cause inside.
+    if (
+      e.name === "NoRespondersError" || e.name === "JetStreamNotEnabled" ||
+      /no responders/i.test(e.message)
+    ) {
+      return true;
+    }
+  }
+  return false;
 }
 
 /**
  * Creates a lease manager over a JetStream KV bucket, creating the bucket
- * (TTL = lease TTL, history 1) if it does not exist.
+ * (TTL = lease TTL, history 1) if it does not exist and `createBucket`
+ * allows.
  *
  * @param options The connection, this node's id and the settings.
  * @returns The manager, ready to guard writes.
- * @throws {TypeError} `nc` is missing, `node` is blank, or `bucket` is not a valid name.
- * @throws {RangeError} `ttl`, `timeout` or `replicas` is out of range, or the existing bucket has another TTL than `ttl`.
- * @throws {Error} The bucket is replicated on a server older than 2.9.21, whose compare-and-set is unsafe.
+ * @throws {TypeError} `nc` is missing, `node` is blank, or an option has the wrong type.
+ * @throws {RangeError} `ttl`, `timeout`, `settleTimeout`, `idleRelease` or `replicas` is out of range, or the existing bucket's TTL does not fit.
+ * @throws {Error} The server has no JetStream; the bucket is missing and `createBucket` is false; or the bucket is replicated and its servers cannot be proven to be 2.9.21 or later.
  *
  * @example Guard writes to a store
  * ```ts ignore
@@ -1189,7 +1731,20 @@ export async function createLeaseManager(
   const nc = o.nc;
   // Creating a replicated stream can take longer than a lease operation may.
   const setupTimeout = Math.max(o.timeout, 5_000);
-  const jsm = await jetstreamManager(nc, { timeout: setupTimeout });
+  let jsm: JetStreamManager;
+  try {
+    jsm = await jetstreamManager(nc, { timeout: setupTimeout });
+  } catch (err) {
+    if (isNoResponders(err)) {
+      throw new Error(
+        `Cannot create lease manager as the NATS server does not offer JetStream (start nats-server with -js, or enable JetStream for this account): ${
+          errText(err)
+        }`,
+        { cause: err },
+      );
+    }
+    throw err;
+  }
   const existing = await bucketStatus(jsm, o.bucket);
   if (existing) {
     if (existing.ttl <= 0) {
@@ -1208,15 +1763,21 @@ export async function createLeaseManager(
       );
     }
     o.ttl = existing.ttl;
-    if (options.timeout === undefined) o.timeout = defaultTimeout(o.ttl);
+    adoptTtl(o, options);
+  } else if (!o.createBucket) {
+    throw new Error(
+      `Cannot create lease manager as bucket '${o.bucket}' does not exist and 'createBucket' is false`,
+    );
   }
   const replicas = existing?.replicas ?? options.replicas ?? 1;
-  if (replicas > 1 && !casSafeOnReplicas(nc.info?.version)) {
-    throw new Error(
-      `Cannot create lease manager on a bucket with ${replicas} replicas as nats-server ${
-        nc.info?.version ?? "(unknown version)"
-      } may let two compare-and-set updates with the same revision both succeed on a replicated stream (fixed in 2.9.21, nats-server#4320): upgrade the servers to 2.9.21 or later, or use a bucket with 1 replica`,
-    );
+  if (replicas > 1 && !o.allowUnverifiedReplicas) {
+    if (!casSafeOnReplicas(nc.info?.version)) {
+      throw new Error(
+        `Cannot create lease manager on a bucket with ${replicas} replicas as nats-server ${
+          nc.info?.version ?? "(unknown version)"
+        } may let two compare-and-set updates with the same revision both succeed on a replicated stream (fixed in 2.9.21, nats-server#4320): upgrade the servers to 2.9.21 or later, or use a bucket with 1 replica`,
+      );
+    }
   }
   let direct = existing?.direct;
   if (direct === undefined) {
@@ -1232,13 +1793,15 @@ export async function createLeaseManager(
     direct = status.streamInfo.config.allow_direct === true;
   }
   const js = jetstream(nc, { timeout: o.timeout });
-  const kv = await new Kvm(js).open(o.bucket, { allow_direct: direct });
   const opsJsm = await jetstreamManager(nc, {
     timeout: o.timeout,
     checkAPI: false,
   });
   if (o.signal?.aborted) throw abortReason(o.signal);
-  return new Manager(o, js, opsJsm, kv, direct);
+  return new Manager(
+    natsPort(nc, js, opsJsm, `KV_${o.bucket}`, direct),
+    o,
+  );
 }
 
 async function bucketStatus(
@@ -1253,15 +1816,40 @@ async function bucketStatus(
       direct: si.config.allow_direct === true,
     };
   } catch (err) {
-    if (err instanceof JetStreamApiError && err.code === 10059) {
-      return undefined;
-    }
+    if (isStreamNotFound(err)) return undefined;
     throw err;
   }
 }
 
 function defaultTimeout(ttl: number): number {
   return Math.min(ttl / 4, 5_000);
+}
+
+interface Resolved extends ManagerSettings {
+  /** Only its type was checked (a `request` method); nats.js uses the rest. */
+  nc: NatsConnection;
+  createBucket: boolean;
+  allowUnverifiedReplicas: boolean;
+}
+
+/** Checks the options that depend on the TTL, once the TTL in force is known. */
+function adoptTtl(o: Resolved, options: LeaseManagerOptions): void {
+  o.timeout = options.timeout === undefined
+    ? defaultTimeout(o.ttl)
+    : checkDuration("timeout", options.timeout, 1, o.ttl);
+  o.settleTimeout = options.settleTimeout === undefined
+    ? o.ttl
+    : checkDuration("settleTimeout", options.settleTimeout, 0, 2 ** 31 - 1);
+}
+
+function checkBoolean(name: string, value: unknown): void {
+  if (value !== undefined && typeof value !== "boolean") {
+    throw new TypeError(
+      `Cannot create lease manager as '${name}' must be a boolean: received ${
+        describe(value)
+      }`,
+    );
+  }
 }
 
 function resolveOptions(options: LeaseManagerOptions): Resolved {
@@ -1275,7 +1863,8 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
   const { nc, node, bucket = "leases", signal } = options;
   if (
     typeof nc !== "object" || nc === null ||
-    typeof (nc as { request?: unknown }).request !== "function"
+    typeof (nc as { request?: unknown }).request !== "function" ||
+    typeof (nc as { closed?: unknown }).closed !== "function"
   ) {
     throw new TypeError(
       `Cannot create lease manager as 'nc' must be a NatsConnection: received ${
@@ -1303,9 +1892,6 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     MIN_TTL,
     2 ** 31 - 1,
   );
-  const timeout = options.timeout === undefined
-    ? defaultTimeout(ttl)
-    : checkDuration("timeout", options.timeout, 1, ttl);
   const replicas = options.replicas ?? 1;
   if (!Number.isInteger(replicas) || replicas < 1 || replicas > 5) {
     throw new RangeError(
@@ -1314,16 +1900,12 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
       }`,
     );
   }
-  if (
-    options.restartGrace !== undefined &&
-    typeof options.restartGrace !== "boolean"
-  ) {
-    throw new TypeError(
-      `Cannot create lease manager as 'restartGrace' must be a boolean: received ${
-        describe(options.restartGrace)
-      }`,
-    );
-  }
+  checkBoolean("restartGrace", options.restartGrace);
+  checkBoolean("createBucket", options.createBucket);
+  checkBoolean("allowUnverifiedReplicas", options.allowUnverifiedReplicas);
+  const idleRelease = options.idleRelease === undefined
+    ? undefined
+    : checkDuration("idleRelease", options.idleRelease, 1, 2 ** 31 - 1);
   if (signal !== undefined && !(signal instanceof AbortSignal)) {
     throw new TypeError(
       `Cannot create lease manager as 'signal' must be an AbortSignal: received ${
@@ -1331,14 +1913,21 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
       }`,
     );
   }
-  return {
-    // Everything else of a NatsConnection is used through nats.js itself.
+  const o: Resolved = {
     nc: nc as unknown as NatsConnection,
     node,
     ttl,
-    timeout,
+    timeout: 0,
+    settleTimeout: 0,
+    idleRelease,
     restartGrace: options.restartGrace ?? true,
+    createBucket: options.createBucket ?? true,
+    allowUnverifiedReplicas: options.allowUnverifiedReplicas ?? false,
     bucket,
     signal,
   };
+  // Checked against the given (or default) TTL now, and again against an
+  // existing bucket's TTL once it is adopted.
+  adoptTtl(o, options);
+  return o;
 }

@@ -30,6 +30,7 @@
  */
 
 export {
+  type CloseResult,
   type Connection,
   createLeaseManager,
   DEFAULT_TTL,
