@@ -6,23 +6,61 @@
  * so a node running the Go design this ports can share the bucket), and the
  * bucket's max age is the lease TTL: an entry nobody renews disappears.
  *
+ * ## What is guaranteed
+ * A guarded write of one tenure (one holder's continuous hold of a key)
+ * overlaps a write of another tenure of the same key only if the earlier
+ * write ran past its lease's deadline by more than the grace (one TTL), and
+ * then the later write carries the greater epoch, so a store that rejects
+ * stale epochs refuses the late one. The simulator in `sim/` checks this
+ * (P1) and four more properties on every history it explores: epochs grow
+ * from tenure to tenure (P2); no write starts after its lease's
+ * `throwIfLost()` would throw (P3); a CAS that succeeded is never reported
+ * lost (P4); a crashed holder is replaced within TTL + late expiry + grace
+ * + a small bound (P5).
+ *
+ * ## Assumptions
+ * - Clocks: each process measures time with a monotonic clock whose rate
+ *   differs from real time by a small bound (the simulator uses 0.1%); the
+ *   grace absorbs that drift over one TTL. Wall clocks do not matter.
+ * - The server: the stream leader applies a compare-and-set atomically
+ *   (nats-server 2.9.21+ on replicated streams, checked at start-up where
+ *   the client can see the servers); it expires an entry no earlier than
+ *   its max age after stamping it (late by up to ~250 ms is fine).
+ * - Nothing edits the stream behind the KV API: a stream purge, a message
+ *   delete or a re-created bucket can erase the history this argument
+ *   reads (a re-created bucket is detected when seen, see 6). Deleting or
+ *   purging a key through the KV API is allowed and costs only time.
+ *
  * ## The safety argument, in one place
  * 1. **Only a compare-and-set authorises a write.** Every guarded write is
  *    preceded by a publish with `Nats-Expected-Last-Subject-Sequence` set to
  *    the revision we last wrote. The stream leader applies it only if nobody
  *    wrote the key since, so its success proves, at that moment, that we
- *    still hold the lease. Reads (`get`) may come from a stale replica and
- *    are only ever used to choose what to try next; they never authorise.
+ *    still hold the lease. Reads may come from a stale replica and only
+ *    choose what to try next; an acquiring CAS expects exactly the
+ *    revision it read, so what it decided from that entry is what it
+ *    overwrites.
  * 2. **A monotonic deadline bounds what a success is worth.** A CAS sent at
  *    local time `t` keeps the entry alive on the server until at least
- *    `t + ttl` (the server stamps it on arrival, after `t`), so we trust the
- *    lease until `t + ttl` and no longer: at that deadline the lease's
- *    `signal` aborts and no new write starts without another CAS.
- * 3. **A takeover waits one TTL (the grace)**, so that a displaced holder
- *    that passed its commit-point check just before losing the lease has a
- *    full TTL to finish. The grace is skipped only when the successor can
- *    see that the previous holder released the key cleanly (a delete
- *    marker written by compare-and-delete after its writes settled).
+ *    `t + ttl` (the server stamps it on arrival, after `t`), so we vouch
+ *    for the lease until `t + ttl` (`Lease.deadline`) and no longer. The
+ *    lease's `signal` aborts there, driven by a timer and by every piece of
+ *    manager code that runs (a paused process may run the write first);
+ *    `throwIfLost()` reads the clock, so it is exact at the commit point.
+ * 3. **A takeover waits out what the previous holder may still do.** The
+ *    grace keeps a displaced holder that passed its commit-point check
+ *    just before its deadline a full TTL to finish. What the last entry
+ *    says decides how long the successor waits:
+ *    - no entry, or the server's `MaxAge` marker: the holder's deadline has
+ *      passed (expiry is never early), so one TTL;
+ *    - a holder's entry that stood still for one TTL of our own time (a
+ *      replica late to expire): its deadline has passed too, so one TTL;
+ *    - a delete tagged by a lease manager's clean release: none. A release
+ *      is clean only after the holder's writes settled, its own grace was
+ *      over (a release inside it would hand on a skip it was not owed) and
+ *      its lease was still confirmed;
+ *    - any other delete or purge (an operator's `kv.delete`): the holder
+ *      may be alive and up to one TTL from its deadline, so two TTLs.
  * 4. **The epoch fences what the grace cannot.** The epoch is the revision
  *    at which a holder's tenure began; every later holder's tenure begins
  *    at a higher revision, so a store that rejects epochs older than the
@@ -30,10 +68,17 @@
  * 5. **Ambiguous answers are resolved, not guessed.** A CAS whose reply
  *    timed out may have been applied. We keep our claim and retry the CAS
  *    with the old revision; a "wrong last sequence: N" answer names the
- *    entry that won, and we read that exact revision (immutable, so any
- *    replica's copy is right) to see if it is our own write. Our writes are
- *    tagged with a per-process instance id and the epoch in `Nats-Msg-Id`,
- *    so a restarted process with the same node id is not mistaken for us.
+ *    entry that won, and we read that revision from the stream leader (a
+ *    lagging replica may not have it yet; not found there means "gone
+ *    since", so we ask again rather than conclude). Our writes are tagged
+ *    in `Nats-Msg-Id` with a per-process instance id, the epoch (0 for an
+ *    acquire) and a counter, so our own renewal or acquire is recognised,
+ *    and a restarted process with the same node id is not mistaken for us.
+ * 6. **A bucket that disappears stops the manager for good.** Revisions
+ *    only grow within one stream; a write applied below a revision we saw
+ *    earlier, or a key whose revision fell below ours, means the bucket was
+ *    re-created and epochs restarted. The manager then stops vouching for
+ *    every lease and never re-creates the bucket itself.
  *
  * @module
  */

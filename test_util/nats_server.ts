@@ -95,6 +95,17 @@ export interface NatsClusterOptions
    * @default {30000}
    */
   leaderTimeout?: number;
+  /**
+   * Executable per server, for a cluster of mixed versions: server `i` (named
+   * `n{i}`) runs `binaries[i]`; a missing or `undefined` entry falls back to
+   * {@linkcode NatsServerOptions.binary}. Each server's
+   * {@linkcode NatsServer.version} tells which one it runs. Servers 2.15.2
+   * and 2.9.10 form one cluster with one JetStream meta group, and either
+   * may lead the meta group or a stream.
+   *
+   * @default {every server runs `binary`}
+   */
+  binaries?: readonly (string | undefined)[];
 }
 
 /** The ports a server reported in its ports file. */
@@ -867,11 +878,17 @@ export class NatsCluster {
       if (!routePorts.includes(port)) routePorts.push(port);
     }
     const routes = routePorts.map((p) => `"nats-route://127.0.0.1:${p}"`);
-    const { name: _name, leaderTimeout, ...serverOptions } = options;
+    const { name: _name, leaderTimeout, binaries, ...serverOptions } = options;
+    if (binaries !== undefined && binaries.length > n) {
+      throw new RangeError(
+        `Cannot start cluster as 'binaries' names more servers than 'n': received ${binaries.length} binaries for ${n} servers`,
+      );
+    }
     const started = await Promise.allSettled(
       routePorts.map((port, i) =>
         NatsServer.start({
           ...serverOptions,
+          ...(binaries?.[i] === undefined ? {} : { binary: binaries[i] }),
           jetstream: true,
           extraConfig: [
             `server_name: "n${i}"`,
