@@ -99,9 +99,17 @@ export interface NatsClusterOptions
    * Executable per server, for a cluster of mixed versions: server `i` (named
    * `n{i}`) runs `binaries[i]`; a missing or `undefined` entry falls back to
    * {@linkcode NatsServerOptions.binary}. Each server's
-   * {@linkcode NatsServer.version} tells which one it runs. Servers 2.15.2
-   * and 2.9.10 form one cluster with one JetStream meta group, and either
-   * may lead the meta group or a stream.
+   * {@linkcode NatsServer.version} tells which one it runs.
+   *
+   * Measured with 2.15.2 and 2.9.10: they form one cluster with one
+   * JetStream meta group only when 2.9.10 nodes are the majority (e.g.
+   * `[old, new, old]`, up in 0.3-16 s). The meta leader is then always a
+   * 2.9.10 node; a stream leader may be either. A 2.15.2 voter with an empty
+   * log grants a vote with the flags byte 3 (granted | empty), which 2.9.10
+   * (`msg[16] == 1`) reads as a refusal, so `[new, old, new]` elected no meta
+   * leader in 30 s, even with `pool_size: -1`. (The log's "Not possible to
+   * have a dedicated route for account "$SYS"" errors are harmless: 2.15
+   * falls back to an unpooled route.)
    *
    * @default {every server runs `binary`}
    */
@@ -850,7 +858,8 @@ export class NatsCluster {
    * @param n Number of servers.
    * @param options How to configure every server.
    * @returns The running cluster.
-   * @throws {RangeError} When `n` is not a positive integer.
+   * @throws {RangeError} When `n` is not a positive integer, or `binaries`
+   * has more than `n` entries.
    * @throws {Error} When a server fails to start or no meta leader is
    * elected within `leaderTimeout`.
    *
@@ -869,6 +878,12 @@ export class NatsCluster {
         `Cannot start cluster as 'n' must be a positive integer: received ${n}`,
       );
     }
+    const { name: _name, leaderTimeout, binaries, ...serverOptions } = options;
+    if (binaries !== undefined && binaries.length > n) {
+      throw new RangeError(
+        `Cannot start cluster as 'binaries' names more servers than 'n': received ${binaries.length} binaries for ${n} servers`,
+      );
+    }
     const name = options.name ?? "nats-lease";
     // Routes name every peer's cluster port, so those ports must be known
     // before any server starts; client and monitoring ports stay random.
@@ -878,12 +893,6 @@ export class NatsCluster {
       if (!routePorts.includes(port)) routePorts.push(port);
     }
     const routes = routePorts.map((p) => `"nats-route://127.0.0.1:${p}"`);
-    const { name: _name, leaderTimeout, binaries, ...serverOptions } = options;
-    if (binaries !== undefined && binaries.length > n) {
-      throw new RangeError(
-        `Cannot start cluster as 'binaries' names more servers than 'n': received ${binaries.length} binaries for ${n} servers`,
-      );
-    }
     const started = await Promise.allSettled(
       routePorts.map((port, i) =>
         NatsServer.start({

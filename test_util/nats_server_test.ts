@@ -222,3 +222,12 @@ test("NatsCluster.start(3) elects leaders and an R3 bucket survives killing its 
     await nc.close();
   }
 });
+
+test("NatsCluster.start() rejects 'binaries' naming more servers than 'n' before starting any", async () => {
+  await assert.rejects(
+    NatsCluster.start(2, { binaries: ["a", "b", "c"] }),
+    (error: unknown) =>
+      error instanceof RangeError &&
+      /3 binaries for 2 servers/.test(error.message),
+  );
+});

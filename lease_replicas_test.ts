@@ -1,0 +1,230 @@
+// Tests for unsafeReplicaReason (test_util/replica_check.ts): on real
+// servers, that a replicated stream counts as safe only when every one of
+// its peers is seen running nats-server 2.9.21 or later (nats-server#4320),
+// whatever server the client is connected to. The cluster tests name their
+// binaries explicitly, so they run the same whichever server NATS_SERVER_BIN
+// selects, and skip, saying why, when a binary is missing.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import {
+  NatsCluster,
+  NatsServer,
+  natsServerBinary,
+} from "./test_util/nats_server.ts";
+import {
+  casSafeVersion,
+  unsafeReplicaReason,
+} from "./test_util/replica_check.ts";
+
+const CURRENT = decodeURIComponent(
+  new URL("./.tools/bin/nats-server", import.meta.url).pathname,
+);
+const OLDEST = "/usr/sbin/nats-server";
+const TEST_TIMEOUT = 60_000;
+/** The budget given to every check. */
+const CHECK_MS = 2_000;
+
+function missing(...binaries: string[]): string | undefined {
+  const absent = binaries.filter((file) => {
+    try {
+      fs.accessSync(file, fs.constants.X_OK);
+      return false;
+    } catch {
+      return true;
+    }
+  });
+  return absent.length === 0
+    ? undefined
+    : `missing ${
+      absent.join(" and ")
+    }: run 'bash scripts/setup.sh' to build .tools/bin/nats-server (2.15.2) and install Debian's nats-server (2.9.10)`;
+}
+
+/** Test options, and the title with the skip reason (not every runner prints it). */
+function needs(
+  title: string,
+  ...binaries: string[]
+): [string, { skip: string | false; timeout: number }] {
+  const skip = missing(...binaries);
+  if (skip !== undefined) {
+    console.warn(`lease_replicas_test.ts: skipping '${title}': ${skip}`);
+  }
+  return [
+    skip === undefined ? title : `${title} [skipped: ${skip}]`,
+    { skip: skip ?? false, timeout: TEST_TIMEOUT },
+  ];
+}
+
+type Connection = Awaited<ReturnType<typeof connect>>;
+
+async function withBucket(
+  nc: Connection,
+  bucket: string,
+  replicas: number,
+): Promise<void> {
+  await new Kvm(nc).create(bucket, { replicas });
+}
+
+/** Runs the check, asserting it also returns within its budget. */
+async function check(
+  nc: Connection,
+  stream: string,
+  timeoutMs = CHECK_MS,
+): Promise<string | undefined> {
+  // Without the API check, which would block on a paused server.
+  const jsm = await jetstreamManager(nc, { checkAPI: false });
+  const started = performance.now();
+  const reason = await unsafeReplicaReason(nc, jsm, stream, timeoutMs);
+  const took = performance.now() - started;
+  assert.ok(
+    took < timeoutMs + 500,
+    `the check took ${Math.round(took)} ms with a ${timeoutMs} ms budget`,
+  );
+  return reason;
+}
+
+test("casSafeVersion() accepts releases from 2.9.21 on and rejects older ones, pre-releases of the fix and garbage", () => {
+  for (
+    const v of [
+      "2.9.21",
+      "v2.9.21",
+      "2.9.25",
+      "2.10.0",
+      "2.10.1-RC.1",
+      "2.11.0",
+      "2.15.2",
+      "3.0.0",
+    ]
+  ) {
+    assert.equal(casSafeVersion(v), true, v);
+  }
+  for (
+    const v of [
+      "2.9.20",
+      "2.9.10",
+      "2.8.4",
+      "1.99.99",
+      "2.9.21-RC.1",
+      "2.10.0-beta.44",
+      "",
+      "unknown",
+      "2.9",
+    ]
+  ) {
+    assert.equal(casSafeVersion(v), false, v);
+  }
+});
+
+test(
+  ...needs(
+    "R3 on three 2.15.2 servers is proven safe, R1 is safe, and a stopped replica is reported as not visible",
+    CURRENT,
+  ),
+  async () => {
+    await using cluster = await NatsCluster.start(3, { binary: CURRENT });
+    const nc = await connect({ servers: cluster.servers[0]!.url });
+    try {
+      await withBucket(nc, "r3", 3);
+      await withBucket(nc, "r1", 1);
+      assert.equal(await check(nc, "KV_r3"), undefined);
+      assert.equal(await check(nc, "KV_r1"), undefined);
+
+      // A replica that does not answer cannot be proven: it could come back
+      // on an older binary and lead. The client's own server stays up.
+      const leader = await cluster.streamLeader("KV_r3");
+      const victim = [1, 2].find((i) => i !== leader)!;
+      await cluster.kill(victim);
+      const reason = await check(nc, "KV_r3", 1_000);
+      assert.match(
+        reason ?? "",
+        new RegExp(`n${victim} is not visible to this account`),
+      );
+      assert.match(reason ?? "", /nats-server#4320/);
+    } finally {
+      await nc.close();
+    }
+  },
+);
+
+test(
+  ...needs(
+    "R3 on a cluster with 2.9.10 JetStream peers names each of them, though the client is connected to a 2.15.2 node",
+    CURRENT,
+    OLDEST,
+  ),
+  async () => {
+    // 2.9.10 nodes must be the majority: a 2.15.2 voter with an empty log
+    // grants a vote with flags 1|2, which 2.9.10 reads as a refusal, and two
+    // 2.15.2 nodes beside one 2.9.10 node elected no meta leader in 30 s.
+    await using cluster = await NatsCluster.start(3, {
+      binaries: [OLDEST, CURRENT, OLDEST],
+    });
+    assert.deepEqual(cluster.servers.map((s) => s.version), [
+      "2.9.10",
+      "2.15.2",
+      "2.9.10",
+    ]);
+    const nc = await connect({ servers: cluster.servers[1]!.url });
+    try {
+      // The old guard looked only at this, and passed.
+      assert.equal(nc.info?.version, "2.15.2");
+      await withBucket(nc, "mixed", 3);
+      const reason = await check(nc, "KV_mixed");
+      assert.match(reason ?? "", /KV_mixed/);
+      assert.match(reason ?? "", /n0 (\(leader\) )?runs 2\.9\.10/);
+      assert.match(reason ?? "", /n2 (\(leader\) )?runs 2\.9\.10/);
+      assert.doesNotMatch(reason ?? "", /n1 /);
+
+      await withBucket(nc, "single", 1);
+      assert.equal(await check(nc, "KV_single"), undefined);
+    } finally {
+      await nc.close();
+    }
+  },
+);
+
+test(...needs("R1 on a single 2.9.10 server is safe", OLDEST), async () => {
+  await using ns = await NatsServer.start({ binary: OLDEST });
+  const nc = await connect({ servers: ns.url });
+  try {
+    await withBucket(nc, "r1", 1);
+    assert.equal(await check(nc, "KV_r1"), undefined);
+  } finally {
+    await nc.close();
+  }
+});
+
+test(
+  "a missing stream, and a server that answers nothing, give a reason within the budget",
+  {
+    timeout: TEST_TIMEOUT,
+  },
+  async () => {
+    await using ns = await NatsServer.start({ binary: natsServerBinary() });
+    const nc = await connect({ servers: ns.url });
+    try {
+      await withBucket(nc, "r1", 1);
+      assert.equal(await check(nc, "KV_r1"), undefined);
+      assert.match(
+        (await check(nc, "KV_absent")) ?? "",
+        /KV_absent.*cannot read its stream info: stream not found/,
+      );
+      await ns.pause();
+      try {
+        assert.match(
+          (await check(nc, "KV_r1", 500)) ?? "",
+          /cannot read its stream info: stream info got no answer within \d+ ms/,
+        );
+      } finally {
+        await ns.resume();
+      }
+    } finally {
+      await nc.close();
+    }
+  },
+);
