@@ -1,4 +1,4 @@
-// Tests for unsafeReplicaReason (test_util/replica_check.ts): on real
+// Tests for unsafeReplicaReason (lease.ts): on real
 // servers, that a replicated stream counts as safe only when every one of
 // its peers is seen running nats-server 2.9.21 or later (nats-server#4320),
 // whatever server the client is connected to. The cluster tests name their
@@ -18,8 +18,9 @@ import {
 } from "./test_util/nats_server.ts";
 import {
   casSafeVersion,
+  createLeaseManager,
   unsafeReplicaReason,
-} from "./test_util/replica_check.ts";
+} from "./lease.ts";
 
 const CURRENT = decodeURIComponent(
   new URL("./.tools/bin/nats-server", import.meta.url).pathname,
@@ -67,7 +68,8 @@ async function withBucket(
   bucket: string,
   replicas: number,
 ): Promise<void> {
-  await new Kvm(nc).create(bucket, { replicas });
+  // With a TTL, so that createLeaseManager accepts the bucket as a lease bucket.
+  await new Kvm(nc).create(bucket, { replicas, ttl: 2000 });
 }
 
 /** Runs the check, asserting it also returns within its budget. */
@@ -182,6 +184,27 @@ test(
 
       await withBucket(nc, "single", 1);
       assert.equal(await check(nc, "KV_single"), undefined);
+
+      // createLeaseManager refuses the R3 bucket before anything is written,
+      // names the old peers and the override; the override is honoured.
+      await assert.rejects(
+        createLeaseManager({ nc, node: "a", bucket: "mixed", ttl: 2000 }),
+        (e: Error) =>
+          /n0 (\(leader\) )?runs 2\.9\.10/.test(e.message) &&
+          /allowUnverifiedReplicas/.test(e.message),
+      );
+      const kv = await new Kvm(nc).open("mixed");
+      assert.equal(await kv.get("k"), null, "nothing was written");
+      const m = await createLeaseManager({
+        nc,
+        node: "a",
+        bucket: "mixed",
+        allowUnverifiedReplicas: true,
+      });
+      await m.close();
+      // R1 on the same cluster is accepted without any override.
+      const m1 = await createLeaseManager({ nc, node: "a", bucket: "single" });
+      await m1.close();
     } finally {
       await nc.close();
     }
