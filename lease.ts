@@ -1365,6 +1365,9 @@ class Manager implements LeaseManager {
       Math.max(0, t.validUntil - this.#port.now()),
     );
     if (st.renewSlot === 0) this.#plan(st, st.renewAt);
+    // A reply that arrives after a pause may confirm a deadline that has
+    // already passed.
+    this.#vouch(st, this.#port.now());
   }
 
   /**
