@@ -601,6 +601,37 @@ describe("lease manager on one server", () => {
 });
 
 describe("lease manager under server faults", () => {
+  test("createLeaseManager() on a server without JetStream says so, and creates nothing", async () => {
+    await using ns = await NatsServer.start({ jetstream: false });
+    const nc = await conn(ns.url);
+    try {
+      await assert.rejects(
+        createLeaseManager({ nc, node: "a", ttl: TTL }),
+        (e: Error) =>
+          /does not offer JetStream/.test(e.message) &&
+          /-js/.test(e.message),
+      );
+    } finally {
+      await nc.close();
+    }
+  });
+
+  test("createLeaseManager() with createBucket: false rejects a missing bucket and creates none", async () => {
+    await using ns = await NatsServer.start();
+    const nc = await conn(ns.url);
+    try {
+      const bucket = uniq("b");
+      await assert.rejects(
+        createLeaseManager({ nc, node: "a", bucket, createBucket: false }),
+        (e: Error) => /does not exist/.test(e.message),
+      );
+      const jsm = await jetstreamManager(nc);
+      await assert.rejects(jsm.streams.info(`KV_${bucket}`));
+    } finally {
+      await nc.close();
+    }
+  });
+
   test("guard() rejects with UnavailableError in bounded time while the server is down, and the holder resumes after a restart", async () => {
     await using ns = await NatsServer.start();
     const nc = await conn(ns.url);
