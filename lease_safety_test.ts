@@ -291,10 +291,10 @@ describe("lease safety on one server", () => {
           removedAt = performance.now();
           if (how === "delete") await kv.delete("k");
           else await kv.purge("k");
-          await sleep(lease.deadline - 50 - performance.now());
+          await sleep(lease.deadline - 100 - performance.now());
           lease.throwIfLost(); // A cannot know yet: its commit check passes
           committedAt = performance.now();
-          await sleep(TTL - 100); // the commit, within the grace
+          await sleep(TTL - 250); // the commit, within the grace
           aEnd = performance.now();
         });
         const first = await bFirst;
