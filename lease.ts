@@ -74,11 +74,19 @@
  *    in `Nats-Msg-Id` with a per-process instance id, the epoch (0 for an
  *    acquire) and a counter, so our own renewal or acquire is recognised,
  *    and a restarted process with the same node id is not mistaken for us.
- * 6. **A bucket that disappears stops the manager for good.** Revisions
- *    only grow within one stream; a write applied below a revision we saw
- *    earlier, or a key whose revision fell below ours, means the bucket was
- *    re-created and epochs restarted. The manager then stops vouching for
- *    every lease and never re-creates the bucket itself.
+ * 6. **A tenure never outlives its deadline.** A renewal sent after the
+ *    deadline passed may still succeed (a replica late to expire, or a
+ *    re-created bucket that reached our revision again), but we cannot know
+ *    what happened while we did not vouch: it starts a new tenure, with a
+ *    new epoch and the two-TTL grace of an unexplained gap.
+ * 7. **A bucket that disappears stops the manager for good.** It is seen
+ *    when a request finds no stream; when revisions go backwards (within
+ *    one stream they only grow); and, after any unanswered request, by
+ *    comparing the stream's creation time before the next success is
+ *    trusted. The manager then stops vouching for every lease and never
+ *    re-creates the bucket. Not seen: a holder that sent nothing while the
+ *    bucket was deleted and re-created and the new bucket reached its
+ *    revision; the successor's grace (`restartGrace`) keeps them apart.
  *
  * @module
  */
@@ -1186,6 +1194,16 @@ class Manager implements LeaseManager {
         );
       }
       if ("seq" in res) {
+        if (sent >= st.tenure!.validUntil) {
+          // A tenure never outlives its deadline. We stopped vouching before
+          // this CAS was sent, so what happened meanwhile is unknown (a
+          // bucket re-created behind our back can even bring our revision
+          // back under another holder): start a new tenure, with a new epoch
+          // and the grace owed to a holder that may be one TTL from its
+          // deadline.
+          this.#tookOver(st, res.seq, 2 * this.ttl, sent);
+          return;
+        }
         st.rev = res.seq;
         this.#confirmed(st, sent);
         return;
@@ -1659,7 +1677,32 @@ function natsPort(
   jsm: JetStreamManager,
   stream: string,
   direct: boolean,
+  created: string,
 ): Port {
+  // After a request went unanswered, the bucket may have been deleted and
+  // re-created meanwhile, and a new stream can number a key's revisions
+  // just as the old one did, so a CAS on our old revision may succeed
+  // there. The first success after an unanswered request is trusted only
+  // once the stream is seen to be the one we started on (one stream-info
+  // request, on this recovery path only).
+  let suspect = false;
+  const checkIdentity = async (): Promise<void> => {
+    let si;
+    try {
+      si = await jsm.streams.info(stream);
+    } catch (err) {
+      if (isStreamNotFound(err)) {
+        throw new BucketGone(`the lease bucket's stream '${stream}' is gone`);
+      }
+      throw err;
+    }
+    if (si.created !== created) {
+      throw new BucketGone(
+        `the lease bucket's stream '${stream}' was deleted and re-created (created ${created}, now ${si.created}), so its revisions and epochs restarted`,
+      );
+    }
+    suspect = false;
+  };
   // No stream listens on the subject: an election, or a deleted bucket.
   // Only the second is for good; one stream-info request tells them apart,
   // and only on this failure path.
@@ -1696,10 +1739,13 @@ function natsPort(
           timeout: req.timeout,
           ...(h ? { headers: h } : {}),
         });
+        if (suspect) await checkIdentity();
         return { seq: ack.seq };
       } catch (err) {
+        if (err instanceof BucketGone) throw err;
         const at = conflictRevision(err);
         if (at !== undefined) return { conflict: at };
+        suspect = true;
         return await gone(err);
       }
     },
@@ -1715,6 +1761,7 @@ function natsPort(
           ? await jsm.direct.getMessage(stream, q)
           : await jsm.streams.getMessage(stream, q);
       } catch (err) {
+        suspect = true;
         return await gone(err);
       }
       if (!sm || sm.subject !== subject) return null;
@@ -2088,17 +2135,19 @@ export async function createLeaseManager(
     );
   }
   let direct = existing?.direct;
+  let created = existing?.created;
   if (direct === undefined) {
-    const created = await new Kvm(jetstream(nc, { timeout: setupTimeout }))
+    const kv = await new Kvm(jetstream(nc, { timeout: setupTimeout }))
       .create(o.bucket, { ttl: o.ttl, history: 1, replicas });
     // Created now, or concurrently by another process: read what it is.
-    const status = await created.status();
+    const status = await kv.status();
     if (status.ttl !== o.ttl) {
       throw new RangeError(
         `Cannot create lease manager as bucket '${o.bucket}' has a TTL of ${status.ttl} ms but 'ttl' is ${o.ttl} ms`,
       );
     }
     direct = status.streamInfo.config.allow_direct === true;
+    created = status.streamInfo.created;
   }
   if (replicas > 1 && !o.allowUnverifiedReplicas) {
     const why = await unsafeReplicaReason(
@@ -2120,7 +2169,7 @@ export async function createLeaseManager(
   });
   if (o.signal?.aborted) throw abortReason(o.signal);
   return new Manager(
-    natsPort(nc, js, opsJsm, `KV_${o.bucket}`, direct),
+    natsPort(nc, js, opsJsm, `KV_${o.bucket}`, direct, created!),
     o,
   );
 }
@@ -2128,13 +2177,17 @@ export async function createLeaseManager(
 async function bucketStatus(
   jsm: JetStreamManager,
   bucket: string,
-): Promise<{ ttl: number; replicas: number; direct: boolean } | undefined> {
+): Promise<
+  | { ttl: number; replicas: number; direct: boolean; created: string }
+  | undefined
+> {
   try {
     const si = await jsm.streams.info(`KV_${bucket}`);
     return {
       ttl: Math.round(si.config.max_age / 1_000_000),
       replicas: si.config.num_replicas,
       direct: si.config.allow_direct === true,
+      created: si.created,
     };
   } catch (err) {
     if (isStreamNotFound(err)) return undefined;

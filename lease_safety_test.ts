@@ -738,6 +738,53 @@ describe("lease safety on one server", () => {
       await nc.close();
     }
   });
+
+  test("guard() after renewals failed past the lease's deadline starts a new tenure (greater epoch, after a grace) even when the old entry is still the key's last", async () => {
+    const bucket = uniq("lapse");
+    await using proxy = await NatsProxy.start(ns.port);
+    const nc = await conn(proxy.url);
+    const m = await createLeaseManager({
+      nc,
+      node: "a",
+      bucket,
+      ttl: TTL,
+      timeout: 200,
+      restartGrace: false,
+    });
+    try {
+      const epoch = await m.guard("k", (l) => l.epoch);
+      // The server keeps the entry (a replica late to expire, or a
+      // re-created bucket that reached the same revision): nothing on the
+      // server shows that the lease lapsed.
+      const si = await jsm.streams.info(`KV_${bucket}`);
+      await jsm.streams.update(`KV_${bucket}`, {
+        ...si.config,
+        max_age: 3_600_000_000_000,
+      });
+      let signal: AbortSignal | undefined;
+      await m.guard("k", (l) => {
+        signal = l.signal;
+      });
+      proxy.hold("both");
+      await sleep(TTL * 1.5);
+      assert.equal(signal!.aborted, true, "the lease lapsed at its deadline");
+      proxy.release("both");
+      const t = performance.now();
+      const first = await m.guard("k", () => {}).catch((e) => e);
+      assert.ok(
+        first instanceof NotHolderError && first.retryAfter !== undefined,
+        `the first guard after the lapse waits a grace: ${first}`,
+      );
+      const next = await guardUntil(m, "k", (l) => l.epoch, 4 * TTL);
+      const took = performance.now() - t;
+      assert.ok(next > epoch, `epoch ${next} after ${epoch}`);
+      assert.ok(took >= 2 * TTL * 0.95, `wrote after ${took.toFixed(0)} ms`);
+    } finally {
+      proxy.release("both");
+      await m.close();
+      await nc.close();
+    }
+  });
 });
 
 // ---------------------------------------------------------------------------
