@@ -86,7 +86,8 @@
  *    trusted. The manager then stops vouching for every lease and never
  *    re-creates the bucket. Not seen: a holder that sent nothing while the
  *    bucket was deleted and re-created and the new bucket reached its
- *    revision; the successor's grace (`restartGrace`) keeps them apart.
+ *    revision. Deleting the bucket under live holders is outside the
+ *    guarantee (see Assumptions): the successor finds no trace of them.
  *
  * @module
  */
