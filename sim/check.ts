@@ -1,0 +1,336 @@
+/**
+ * The properties checked on every history, over what the workload saw
+ * (guarded writes, in true time) and what the simulated server applied. P3
+ * and P4 are also checked while the history runs (in `world.ts`), at the
+ * instant they concern; the rest are checked here, after it.
+ *
+ * Notation: true (virtual) time t; process p's clock reads
+ * L_p(t) = offset_p + rate_p·t with |rate_p - 1| <= ε; TTL is the bucket's
+ * max age and the lease TTL. A *tenure* is one manager instance's
+ * continuous hold of a key, named by its epoch (the revision of the
+ * acquiring compare-and-set) in one incarnation of the bucket. Its
+ * *vouching bound* at time t is TTL after the send time (its own clock) of
+ * the latest compare-and-set of the tenure the server applied before t: the
+ * latest deadline the manager could honestly report. The statements, their
+ * assumptions and the derivation of P1's allowance are in `README.md`.
+ *
+ * @module
+ */
+
+import type { Stored } from "./kv.ts";
+import type { SimNode } from "./node.ts";
+import {
+  type Plan,
+  tenureWrite,
+  type Violation,
+  type WriteRec,
+} from "./world.ts";
+
+/** Something that may legitimately cost a manager its lease (for P6). */
+export interface Disturbance {
+  /** A process (`who` = its label), a key, or everything. */
+  readonly scope: "node" | "key" | "all";
+  readonly who: string;
+  /** True-time interval it covers. */
+  readonly t0: number;
+  readonly t1: number;
+  readonly why: string;
+}
+
+/** A liveness episode (P5): the holder crashed at `t`. */
+export interface Episode {
+  readonly t: number;
+  readonly key: string;
+  readonly holder: string;
+  /** The fresh contender's label. */
+  readonly contender: string;
+  /** Lose the reply of the contender's first acquiring CAS. */
+  readonly loseReply: boolean;
+  lostReplyUsed: boolean;
+  /** When the holder's last entry stopped being the key's last message. */
+  gone: number | undefined;
+  /** Latest time the server may take for that: crash + delay + TTL + late. */
+  readonly serverBound: number;
+  /** Time allowed from `gone` to the next write's start. */
+  readonly bound: number;
+}
+
+/** Everything a history recorded, for the checks. */
+export interface History {
+  readonly plan: Plan;
+  readonly writes: readonly WriteRec[];
+  readonly log: readonly Stored[];
+  readonly lifecycle: readonly { t: number; event: "deleted" | "created" }[];
+  readonly nodes: ReadonlyMap<string, SimNode>;
+  readonly disturbances: readonly Disturbance[];
+  readonly releases: readonly {
+    mgr: string;
+    key: string | undefined;
+    t: number;
+  }[];
+  readonly episodes: readonly Episode[];
+}
+
+/**
+ * P1's allowance: how far past its vouching bound (true time) the earlier
+ * of two overlapping writes must have committed. The successor's first
+ * write comes at least TTL (its own clock) after the later of (a) the
+ * holder's last applied CAS expiring or being seen standing still for TTL
+ * of the successor's clock, or (b) an operator delete, after which it waits
+ * two TTLs; see README.md for the derivation.
+ *
+ * @param ttl The TTL, ms.
+ * @param epsilon The clock-rate bound.
+ * @returns The allowance, ms.
+ */
+export function allowance(ttl: number, epsilon: number): number {
+  return ttl * (2 / (1 + epsilon) - 1 / (1 - epsilon));
+}
+
+/**
+ * Checks P1, P2, P3 (the deadline part), P5 and P6 on a finished history.
+ *
+ * @param h The history.
+ * @returns The violations found.
+ */
+export function check(h: History): Violation[] {
+  const out: Violation[] = [];
+  const { ttl, epsilon } = h.plan;
+  const v = (
+    property: string,
+    t: number,
+    key: string | undefined,
+    message: string,
+  ) => out.push({ property, t, key, message });
+
+  // The server's puts per writer, key and incarnation, in order.
+  const puts = new Map<string, Stored[]>();
+  for (const e of h.log) {
+    if (e.operation !== undefined || e.marker !== undefined) continue;
+    const id = `${e.writer}|${e.key}|${e.incarnation}`;
+    let list = puts.get(id);
+    if (!list) puts.set(id, list = []);
+    list.push(e);
+  }
+  /** The vouching bound of `w`'s tenure at true time t, on its clock. */
+  const bound = (w: WriteRec, t: number): number | undefined => {
+    let best: number | undefined;
+    for (const e of puts.get(`${w.mgr}|${w.key}|${w.incarnation}`) ?? []) {
+      if (e.stamp > t) break;
+      if (tenureWrite(e, w.mgr, w.epoch)) {
+        best = Math.max(best ?? -Infinity, e.sendLocal! + ttl);
+      }
+    }
+    return best;
+  };
+  const node = (w: WriteRec) => h.nodes.get(w.mgr)!;
+
+  // P2 (epoch is a real acquiring revision) and P3 (deadline part).
+  for (const w of h.writes) {
+    const began = (puts.get(`${w.mgr}|${w.key}|${w.incarnation}`) ?? [])
+      .some((e) => e.seq === w.epoch && e.stamp <= w.start);
+    if (!began) {
+      v(
+        "P2",
+        w.start,
+        w.key,
+        `write #${w.id} of ${w.mgr} carries epoch ${w.epoch}, which is no revision ${w.mgr} wrote on this key in bucket incarnation ${w.incarnation}`,
+      );
+      continue;
+    }
+    const b = bound(w, w.start);
+    if (b === undefined || w.startDeadline > b + 1e-9) {
+      v(
+        "P3",
+        w.start,
+        w.key,
+        `write #${w.id} of ${w.mgr} started with deadline ${
+          w.startDeadline.toFixed(3)
+        }, beyond TTL after its tenure's last applied CAS (${b?.toFixed(3)})`,
+      );
+    }
+    if (w.kind === "careful" && w.committed) {
+      const bc = bound(w, w.commit!);
+      if (bc === undefined || w.commitDeadline! > bc + 1e-9) {
+        v(
+          "P3",
+          w.commit!,
+          w.key,
+          `careful write #${w.id} of ${w.mgr} committed under deadline ${
+            w.commitDeadline!.toFixed(3)
+          }, beyond TTL after its tenure's last applied CAS (${
+            bc?.toFixed(3)
+          })`,
+        );
+      } else if (!(w.commitLocal! < bc)) {
+        v(
+          "P3",
+          w.commit!,
+          w.key,
+          `careful write #${w.id} of ${w.mgr} committed at its clock ${
+            w.commitLocal!.toFixed(3)
+          }, past its tenure's vouching bound ${bc.toFixed(3)}`,
+        );
+      }
+    }
+  }
+
+  // Writes per key and incarnation, by start.
+  const groups = new Map<string, WriteRec[]>();
+  for (const w of h.writes) {
+    const id = `${w.key}|${w.incarnation}`;
+    let list = groups.get(id);
+    if (!list) groups.set(id, list = []);
+    list.push(w);
+  }
+  const G = allowance(ttl, epsilon);
+  for (const list of groups.values()) {
+    list.sort((a, b) => a.start - b.start || a.id - b.id);
+    // P2: in the order writes start, epochs never go back.
+    let top: WriteRec | undefined;
+    for (const w of list) {
+      if (top && w.epoch < top.epoch) {
+        v(
+          "P2",
+          w.start,
+          w.key,
+          `write #${w.id} of ${w.mgr} started with epoch ${w.epoch} after write #${top.id} of ${top.mgr} started with epoch ${top.epoch}`,
+        );
+      }
+      if (!top || w.epoch > top.epoch) top = w;
+    }
+    // P1: overlapping committed writes of two tenures.
+    const done = list.filter((w) => w.committed);
+    for (let i = 0; i < done.length; i++) {
+      const w1 = done[i]!;
+      const c1 = w1.commit!;
+      for (let j = i + 1; j < done.length; j++) {
+        const w2 = done[j]!;
+        if (w2.start >= c1) break;
+        if (w1.mgr === w2.mgr && w1.epoch === w2.epoch) continue;
+        const b = bound(w1, c1);
+        const d1 = b === undefined ? -Infinity : node(w1).trueOf(b);
+        const overrun = c1 - d1;
+        if (!(overrun > G) || !(w2.epoch > w1.epoch)) {
+          v(
+            "P1",
+            w2.start,
+            w1.key,
+            `write #${w1.id} of ${w1.mgr} (${w1.kind}, epoch ${w1.epoch}, ${
+              w1.start.toFixed(3)
+            }–${c1.toFixed(3)}, deadline ${d1.toFixed(3)}, overrun ${
+              overrun.toFixed(3)
+            } ms) overlaps write #${w2.id} of ${w2.mgr} (epoch ${w2.epoch}, ${
+              w2.start.toFixed(3)
+            }–${w2.commit!.toFixed(3)}); allowed only past an overrun of ${
+              G.toFixed(3)
+            } ms and with a greater epoch`,
+          );
+        }
+      }
+    }
+  }
+
+  // P2 across a re-creation: nobody who vouched in the old bucket vouches
+  // in the new one.
+  for (let i = 0; i + 1 < h.lifecycle.length; i++) {
+    const del = h.lifecycle[i]!;
+    const cre = h.lifecycle[i + 1]!;
+    if (del.event !== "deleted" || cre.event !== "created") continue;
+    const vouches = (w: WriteRec) => [
+      w.start,
+      ...(w.kind === "careful" && w.committed ? [w.commit!] : []),
+    ];
+    const before = new Set(
+      h.writes.filter((w) => vouches(w).some((t) => t < del.t)).map((w) =>
+        w.mgr
+      ),
+    );
+    for (const w of h.writes) {
+      if (!before.has(w.mgr)) continue;
+      const t = vouches(w).find((t) => t >= cre.t);
+      if (t !== undefined) {
+        v(
+          "P2",
+          t,
+          w.key,
+          `${w.mgr} vouched before the bucket was deleted (${
+            del.t.toFixed(3)
+          }) and again after it was re-created (${
+            cre.t.toFixed(3)
+          }): write #${w.id}, epoch ${w.epoch}`,
+        );
+      }
+    }
+  }
+
+  // P5: a crashed holder is replaced in time.
+  for (const ep of h.episodes) {
+    if (ep.gone === undefined) {
+      v(
+        "P5",
+        ep.t,
+        ep.key,
+        `the crashed holder ${ep.holder}'s entry never went`,
+      );
+      continue;
+    }
+    if (ep.gone > ep.serverBound) {
+      v(
+        "P5",
+        ep.gone,
+        ep.key,
+        `the crashed holder ${ep.holder}'s entry went at ${
+          ep.gone.toFixed(3)
+        }, after TTL + late expiry (${ep.serverBound.toFixed(3)})`,
+      );
+    }
+    const next = h.writes.find((w) =>
+      w.key === ep.key && w.mgr !== ep.holder && w.start >= ep.t
+    );
+    const limit = ep.gone + ep.bound;
+    if (!next || next.start > limit) {
+      v(
+        "P5",
+        limit,
+        ep.key,
+        `no write on the key from the holder's crash (${
+          ep.t.toFixed(3)
+        }) until ${limit.toFixed(3)} (its entry went at ${
+          ep.gone.toFixed(3)
+        }; next write ${
+          next ? `at ${next.start.toFixed(3)} by ${next.mgr}` : "never"
+        })`,
+      );
+    }
+  }
+
+  // P6: a careful write of an undisturbed manager keeps its lease.
+  for (const w of h.writes) {
+    if (w.kind !== "careful" || w.committed || w.checkAt === undefined) {
+      continue;
+    }
+    const from = w.start - ttl;
+    const to = w.checkAt;
+    const touched = h.disturbances.some((d) =>
+      d.t0 <= to && d.t1 >= from &&
+      (d.scope === "all" || (d.scope === "node" && d.who === w.mgr) ||
+        (d.scope === "key" && d.who === w.key))
+    );
+    if (touched) continue;
+    const givenUp = h.releases.some((r) =>
+      r.mgr === w.mgr && (r.key === undefined || r.key === w.key) &&
+      r.t <= to && to - r.t >= 0.99 * h.plan.settleTimeout
+    );
+    if (givenUp) continue;
+    v(
+      "P6",
+      to,
+      w.key,
+      `careful write #${w.id} of ${w.mgr} (started ${
+        w.start.toFixed(3)
+      }) was refused at its commit point (${w.reason}) though nothing disturbed ${w.mgr} or the key since one TTL before it started`,
+    );
+  }
+  return out;
+}

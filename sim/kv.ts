@@ -1,0 +1,360 @@
+/**
+ * A simulated JetStream KV bucket: the stream of one bucket, with history 1,
+ * as `../../shared/notes/nats-kv-facts.md` (sections 2, 3, 4 and 10)
+ * describes the real one.
+ *
+ * - **Compare-and-set** at the stream leader, atomically: expected 0
+ *   succeeds only when the key has neither an entry nor a marker; expected
+ *   N only when the key's last message is N. A conflict names the key's
+ *   last sequence, 0 when it has none. A `Nats-Msg-Id` seen before in this
+ *   stream is a duplicate: acknowledged with the first sequence, not
+ *   applied again (the server's de-duplication window is longer than a
+ *   history).
+ * - **History 1**: a new message on a key removes the previous one, so a
+ *   read of a superseded sequence finds nothing.
+ * - **Replicas** apply the leader's log in order, each `lag` operations
+ *   behind (a replica that fell behind, nats-server #4162, #4710, #4754). A
+ *   Direct Get may be served by any of them: an older state, or nothing for
+ *   a sequence not applied yet. The stream leader (`STREAM.MSG.GET`) serves
+ *   the current state.
+ * - **Expiry** at stamp + max age + late (late, never early): on a bucket
+ *   with subject delete markers the entry (a put or a DEL tombstone) is
+ *   replaced, as a new message with a new sequence, by a marker with
+ *   `Nats-Marker-Reason: MaxAge`, which itself expires after
+ *   min(marker TTL in whole seconds, max age) + late, leaving nothing; on an
+ *   old bucket the entry just goes. A PURGE tombstone goes without a marker.
+ *   Expiry is an operation of the log, so a lagging replica expires late.
+ * - **Operator** `kv.delete` (an untagged DEL tombstone) and `kv.purge` (a
+ *   PURGE tombstone that rolls the key up) on any key, at any time.
+ * - **Bucket deletion** makes every request fail with "stream not found";
+ *   re-creating it starts a new stream whose sequences restart at 1.
+ *
+ * The server's clock is true time. Every applied message is logged for the
+ * property checks (`log`), with who sent it and when by their own clock.
+ *
+ * @module
+ */
+
+import type { Scheduler } from "./scheduler.ts";
+import type { Trace } from "./trace.ts";
+
+/** A message as stored: one key's last entry. */
+export interface Stored {
+  readonly seq: number;
+  readonly subject: string;
+  readonly key: string;
+  readonly operation: "DEL" | "PURGE" | undefined;
+  readonly marker: string | undefined;
+  readonly msgId: string | undefined;
+  readonly value: string;
+  /** True time the leader applied it. */
+  readonly stamp: number;
+  /** The stream incarnation (1, then 2 after a re-creation, ...). */
+  readonly incarnation: number;
+  /** The process label that sent it; `operator`; or `server` for a marker. */
+  readonly writer: string;
+  /** The sender's clock when it sent it (for a process's write). */
+  readonly sendLocal: number | undefined;
+}
+
+/** What the leader answered to a write. */
+export type KvWriteResult = { seq: number; duplicate?: boolean } | {
+  conflict: number;
+} | "gone";
+
+/** A compare-and-set publish as the server receives it. */
+export interface KvWrite {
+  readonly subject: string;
+  readonly op: "PUT" | "DEL";
+  readonly value: string;
+  readonly expect: number;
+  readonly msgId: string;
+}
+
+/** The bucket's settings for one history. */
+export interface KvConfig {
+  /** The bucket's max age: the lease TTL, ms. */
+  readonly maxAge: number;
+  /** Subject delete markers (nats-server 2.11+ with `markerTTL`). */
+  readonly markers: boolean;
+  /** The marker TTL asked for, ms (rounded down to whole seconds by the server). */
+  readonly markerTTL: number;
+  /** Lateness of one expiry, ms (>= 0). */
+  readonly late: () => number;
+  /** Operations each replica is behind the leader; index 0 is the leader (0). */
+  readonly lags: readonly number[];
+}
+
+interface Change {
+  op: number;
+  entry: Stored | null;
+}
+
+/** How many operations a replica may lag at most. */
+export const MAX_LAG = 32;
+
+/** Parses the bucket and key out of `$KV.<bucket>.<key>`. */
+export function keyOf(subject: string): string {
+  const i = subject.indexOf(".", 4);
+  return subject.slice(i + 1);
+}
+
+/** The simulated bucket. */
+export class SimKv {
+  readonly bucket: string;
+  readonly cfg: KvConfig;
+  readonly #sched: Scheduler;
+  readonly #trace: Trace;
+  /** Current stream incarnation (starts at 1). */
+  incarnation = 1;
+  /** The bucket is deleted (until re-created). */
+  gone = false;
+  #seq = 0;
+  /** Operations applied by the leader (the replicas' log position). */
+  #ops = 0;
+  readonly #last = new Map<string, Stored>();
+  readonly #history = new Map<string, Change[]>();
+  readonly #msgIds = new Map<string, number>();
+  /** Every message applied, in all incarnations, in order. */
+  readonly log: Stored[] = [];
+  /** Bucket deletions and re-creations, in true time. */
+  readonly lifecycle: { t: number; event: "deleted" | "created" }[] = [];
+  /** Called whenever a key's last message changes (`null`: none left). */
+  onChange: ((key: string, last: Stored | null) => void) | undefined;
+
+  /**
+   * @param sched The event queue (for expiries).
+   * @param trace The trace.
+   * @param bucket The bucket name.
+   * @param cfg Its settings.
+   */
+  constructor(sched: Scheduler, trace: Trace, bucket: string, cfg: KvConfig) {
+    this.#sched = sched;
+    this.#trace = trace;
+    this.bucket = bucket;
+    this.cfg = cfg;
+  }
+
+  /** The subject of `key`. */
+  subject(key: string): string {
+    return `$KV.${this.bucket}.${key}`;
+  }
+
+  /** The key's last message on the leader: the truth the properties compare with. */
+  last(subject: string): Stored | undefined {
+    return this.gone ? undefined : this.#last.get(subject);
+  }
+
+  /** The effective life of a marker: min(marker TTL in whole seconds, max age). */
+  get markerLife(): number {
+    return Math.min(
+      Math.floor(this.cfg.markerTTL / 1000) * 1000,
+      this.cfg.maxAge,
+    );
+  }
+
+  /**
+   * Applies a compare-and-set publish at the leader.
+   *
+   * @param w The publish.
+   * @param writer Who sent it.
+   * @param sendLocal Their clock when they sent it.
+   * @returns The acknowledgement, the conflict, or `"gone"`.
+   */
+  write(w: KvWrite, writer: string, sendLocal: number): KvWriteResult {
+    if (this.gone) return "gone";
+    const dup = this.#msgIds.get(w.msgId);
+    if (dup !== undefined) return { seq: dup, duplicate: true };
+    const cur = this.#last.get(w.subject);
+    const curSeq = cur?.seq ?? 0;
+    if (curSeq !== w.expect) return { conflict: curSeq };
+    const e = this.#append(w.subject, {
+      operation: w.op === "DEL" ? "DEL" : undefined,
+      marker: undefined,
+      msgId: w.msgId,
+      value: w.op === "DEL" ? "" : w.value,
+      writer,
+      sendLocal,
+    });
+    this.#msgIds.set(w.msgId, e.seq);
+    return { seq: e.seq };
+  }
+
+  /**
+   * Reads the key's last message, or the message at `seq` if it is the
+   * key's, as replica `replica` has it (0: the leader).
+   *
+   * @param subject The key's subject.
+   * @param seq A sequence, or `undefined` for the last message.
+   * @param replica Which copy answers.
+   * @returns The message, `null`, or `"gone"`.
+   */
+  read(
+    subject: string,
+    seq: number | undefined,
+    replica: number,
+  ): Stored | null | "gone" {
+    if (this.gone) return "gone";
+    const lag = this.cfg.lags[replica] ?? 0;
+    let e: Stored | null;
+    if (lag === 0) e = this.#last.get(subject) ?? null;
+    else {
+      const upTo = this.#ops - lag;
+      e = null;
+      const h = this.#history.get(subject);
+      if (h) {
+        for (let i = h.length - 1; i >= 0; i--) {
+          if (h[i]!.op <= upTo) {
+            e = h[i]!.entry;
+            break;
+          }
+        }
+      }
+    }
+    if (e === null) return null;
+    return seq === undefined || e.seq === seq ? e : null;
+  }
+
+  /** An operator's `kv.delete(key)`: an untagged DEL tombstone. */
+  operatorDelete(key: string): void {
+    if (this.gone) return;
+    const e = this.#append(this.subject(key), {
+      operation: "DEL",
+      marker: undefined,
+      msgId: undefined,
+      value: "",
+      writer: "operator",
+      sendLocal: undefined,
+    });
+    this.#trace.add(
+      this.#sched.now,
+      key,
+      "operator",
+      () => `kv.delete → DEL @${e.seq}`,
+    );
+  }
+
+  /** An operator's `kv.purge(key)`: a PURGE tombstone. */
+  operatorPurge(key: string): void {
+    if (this.gone) return;
+    const e = this.#append(this.subject(key), {
+      operation: "PURGE",
+      marker: undefined,
+      msgId: undefined,
+      value: "",
+      writer: "operator",
+      sendLocal: undefined,
+    });
+    this.#trace.add(
+      this.#sched.now,
+      key,
+      "operator",
+      () => `kv.purge → PURGE @${e.seq}`,
+    );
+  }
+
+  /** Deletes the bucket: every request fails until it is re-created. */
+  deleteBucket(): void {
+    if (this.gone) return;
+    this.gone = true;
+    this.#last.clear();
+    this.#history.clear();
+    this.#msgIds.clear();
+    this.lifecycle.push({ t: this.#sched.now, event: "deleted" });
+    this.#trace.add(
+      this.#sched.now,
+      undefined,
+      "operator",
+      () => `bucket deleted`,
+    );
+  }
+
+  /** Re-creates the bucket: a new stream, sequences from 1. */
+  createBucket(): void {
+    if (!this.gone) return;
+    this.gone = false;
+    this.incarnation++;
+    this.#seq = 0;
+    this.#ops = 0;
+    this.lifecycle.push({ t: this.#sched.now, event: "created" });
+    this.#trace.add(
+      this.#sched.now,
+      undefined,
+      "operator",
+      () =>
+        `bucket re-created (incarnation ${this.incarnation}, revisions from 1)`,
+    );
+  }
+
+  #append(
+    subject: string,
+    m: Pick<
+      Stored,
+      "operation" | "marker" | "msgId" | "value" | "writer" | "sendLocal"
+    >,
+  ): Stored {
+    const e: Stored = {
+      seq: ++this.#seq,
+      subject,
+      key: keyOf(subject),
+      stamp: this.#sched.now,
+      incarnation: this.incarnation,
+      ...m,
+    };
+    this.#last.set(subject, e);
+    this.#change(subject, e);
+    this.log.push(e);
+    const life = e.marker !== undefined ? this.markerLife : this.cfg.maxAge;
+    const inc = this.incarnation;
+    this.#sched.at(
+      e.stamp + life + this.cfg.late(),
+      () => this.#expire(e, inc),
+      { pure: true },
+    );
+    return e;
+  }
+
+  #change(subject: string, entry: Stored | null): void {
+    const op = ++this.#ops;
+    let h = this.#history.get(subject);
+    if (!h) this.#history.set(subject, h = []);
+    h.push({ op, entry });
+    this.onChange?.(keyOf(subject), entry);
+    // Keep the state each replica may still be at: the newest change at or
+    // before `op - MAX_LAG`, and everything after it.
+    while (h.length > 1 && h[1]!.op <= op - MAX_LAG) h.shift();
+  }
+
+  #expire(e: Stored, inc: number): void {
+    if (this.gone || inc !== this.incarnation) return;
+    if (this.#last.get(e.subject) !== e) return; // superseded
+    if (this.cfg.markers && e.marker === undefined && e.operation !== "PURGE") {
+      const m = this.#append(e.subject, {
+        operation: undefined,
+        marker: "MaxAge",
+        msgId: undefined,
+        value: "",
+        writer: "server",
+        sendLocal: undefined,
+      });
+      this.#trace.add(
+        this.#sched.now,
+        e.key,
+        "server",
+        () =>
+          `expired @${e.seq} (stamped ${
+            e.stamp.toFixed(3)
+          }) → MaxAge marker @${m.seq}`,
+      );
+      return;
+    }
+    this.#last.delete(e.subject);
+    this.#change(e.subject, null);
+    this.#trace.add(
+      this.#sched.now,
+      e.key,
+      "server",
+      () => `expired @${e.seq}${e.marker ? " (marker)" : ""} → no entry`,
+    );
+  }
+}

@@ -1,0 +1,462 @@
+/**
+ * A simulated process: its monotonic clock, its timers, its connection to
+ * the simulated KV, and the {@linkcode Port} the manager under test runs on.
+ *
+ * - **Clock**: `local = offset + rate × true`, with `rate` within the
+ *   history's bound (|rate - 1| <= epsilon). Timers fire when the local
+ *   clock reaches their due time, never before, and up to 1 ms after (an
+ *   event loop's granularity; a history may make them exact).
+ * - **Network**: a request reaches the server after a seeded one-way delay,
+ *   in the order the process sent its requests (one TCP connection); the
+ *   reply comes back after another delay. The history's fault menu may lose
+ *   the request, lose the reply after the write was applied, or delay the
+ *   reply past the timeout. The port rejects a request at its timeout.
+ * - **Pause**: a paused process runs nothing; its timers and replies wait
+ *   until it resumes (in the order they came due, or timers first, as the
+ *   history chose); requests it sent that have not reached the server yet
+ *   wait too if the history freezes in-flight writes.
+ * - **Crash**: the process never runs again; nothing is released.
+ * - **Connection close**: `closed()` settles, `isClosed()` turns true,
+ *   requests in flight and later ones reject.
+ * - **Like the production port** (`natsPort` in `../lease.ts`): after a
+ *   request went unanswered, the next successful write is returned only
+ *   after a stream-info round trip shows the stream is the incarnation the
+ *   manager started on (else `BucketGone`).
+ *
+ * @module
+ */
+
+import type { Port, RawEntry, WriteRequest, WriteResult } from "../lease.ts";
+import type { SimKv, Stored } from "./kv.ts";
+import { keyOf } from "./kv.ts";
+import type { EventKind, Scheduler, SimEvent, Target } from "./scheduler.ts";
+import type { Trace } from "./trace.ts";
+
+/** What happens to one request on the network. */
+export type Fate = "ok" | "lostRequest" | "lostReply" | "lateReply";
+
+/** The network and fault choices a node asks the history for. */
+export interface Network {
+  /** One-way delay of a message, ms. */
+  delay(): number;
+  /** The fate of a request from `node` (`write` with its request). */
+  fate(node: SimNode, what: "write" | "read", req?: WriteRequest): Fate;
+  /** How far past the timeout a late reply comes, ms. */
+  lateBy(): number;
+  /** How late a timer fires after its due time, ms (an event loop's granularity). */
+  timerLate(): number;
+  /** Which copy serves a Direct Get (0: the leader). */
+  replica(): number;
+  /** Requests of a paused process that have not reached the server wait for it. */
+  readonly freeze: boolean;
+  /** A resumed process runs its due timers before its due replies. */
+  readonly timersFirst: boolean;
+  /** Tells the history a fault touched `node` over [t0, t1] (true time). */
+  disturbed(node: SimNode, t0: number, t1: number, why: string): void;
+}
+
+/** The error class the port must reject with when the bucket is gone. */
+export type BucketGoneClass = new (message?: string) => Error;
+
+interface Pending {
+  settled: boolean;
+  resolve: (v: never) => void;
+  reject: (err: unknown) => void;
+  timer: SimEvent;
+}
+
+/** A simulated process. */
+export class SimNode implements Target {
+  /** Its label in traces (`m1`, `m1'` after a restart, ...). */
+  readonly label: string;
+  readonly rate: number;
+  readonly offset: number;
+  paused = false;
+  dead = false;
+  closed = false;
+  /** True time at which the current pause ends. */
+  resumeAt = 0;
+  readonly port: Port;
+  readonly #sched: Scheduler;
+  readonly #kv: SimKv;
+  readonly #net: Network;
+  readonly #trace: Trace;
+  readonly #BucketGone: BucketGoneClass;
+  #held: SimEvent[] = [];
+  #lastArrival = 0;
+  /** The stream incarnation the manager started on. */
+  readonly #created: number;
+  /** A request went unanswered since the last identity check (as in natsPort). */
+  #suspect = false;
+  #instances = 0;
+  readonly #inflight = new Set<Pending>();
+  #closedResolve!: () => void;
+  readonly #closedPromise: Promise<void>;
+
+  /**
+   * @param sched The event queue.
+   * @param kv The bucket.
+   * @param net The network and its faults.
+   * @param trace The trace.
+   * @param label Its label.
+   * @param rate Its clock rate.
+   * @param offset Its clock offset.
+   * @param BucketGone The class the port rejects with when the bucket is gone.
+   */
+  constructor(
+    sched: Scheduler,
+    kv: SimKv,
+    net: Network,
+    trace: Trace,
+    label: string,
+    rate: number,
+    offset: number,
+    BucketGone: BucketGoneClass,
+  ) {
+    this.#sched = sched;
+    this.#kv = kv;
+    this.#net = net;
+    this.#trace = trace;
+    this.label = label;
+    this.rate = rate;
+    this.offset = offset;
+    this.#BucketGone = BucketGone;
+    this.#created = kv.incarnation;
+    this.#closedPromise = new Promise<void>((r) => this.#closedResolve = r);
+    this.port = this.#makePort();
+  }
+
+  /** Its clock at true time `t` (default: now). */
+  local(t: number = this.#sched.now): number {
+    return this.offset + this.rate * t;
+  }
+
+  /** The true time at which its clock reads `local` (never earlier). */
+  trueOf(local: number): number {
+    let t = (local - this.offset) / this.rate;
+    while (this.offset + this.rate * t < local) {
+      t += Math.max(1e-9, Math.abs(t) * 1e-15);
+    }
+    return t;
+  }
+
+  hold(ev: SimEvent): void {
+    this.#held.push(ev);
+  }
+
+  /**
+   * Runs `fn` after `ms` of this process's clock.
+   *
+   * @param fn What.
+   * @param ms Delay on its clock.
+   * @param kind A timer, or the completion of I/O (for the order after a pause).
+   * @returns The event.
+   */
+  after(fn: () => void, ms: number, kind: EventKind): SimEvent {
+    let due = this.trueOf(this.local() + Math.max(0, ms));
+    if (kind === "timer") due += this.#net.timerLate();
+    return this.#sched.at(due, fn, { target: this, kind });
+  }
+
+  /** Pauses the process until true time `until`. */
+  pause(until: number): void {
+    if (this.dead) return;
+    const t0 = this.#sched.now;
+    this.#net.disturbed(this, t0, until, "pause");
+    if (this.paused) {
+      if (until <= this.resumeAt) return;
+      this.resumeAt = until;
+    } else {
+      this.paused = true;
+      this.resumeAt = until;
+      this.#trace.add(
+        t0,
+        undefined,
+        this.label,
+        () =>
+          `paused until ${until.toFixed(3)} (${(until - t0).toFixed(1)} ms)`,
+      );
+    }
+    this.#sched.at(until, () => this.#resume(), { pure: true });
+  }
+
+  #resume(): void {
+    if (!this.paused || this.dead || this.#sched.now < this.resumeAt) return;
+    this.paused = false;
+    const held = this.#held;
+    this.#held = [];
+    const timersFirst = this.#net.timersFirst;
+    held.sort((a, b) => {
+      if (timersFirst && a.kind !== b.kind) return a.kind === "timer" ? -1 : 1;
+      return a.due - b.due || a.seq - b.seq;
+    });
+    this.#trace.add(
+      this.#sched.now,
+      undefined,
+      this.label,
+      () => `resumed (${held.length} events held)`,
+    );
+    for (const ev of held) this.#sched.requeue(ev);
+  }
+
+  /** The process stops for good. */
+  crash(): void {
+    if (this.dead) return;
+    this.dead = true;
+    this.paused = false;
+    this.#held = [];
+    this.#trace.add(this.#sched.now, undefined, this.label, () => `crashed`);
+  }
+
+  /** The connection closes for good. */
+  closeConnection(): void {
+    if (this.closed || this.dead) return;
+    this.closed = true;
+    this.#net.disturbed(this, this.#sched.now, Infinity, "connection closed");
+    this.#trace.add(
+      this.#sched.now,
+      undefined,
+      this.label,
+      () => `connection closed`,
+    );
+    const pending = [...this.#inflight];
+    this.#inflight.clear();
+    this.#sched.at(this.#sched.now, () => {
+      for (const p of pending) {
+        this.#settle(p, undefined, new Error("connection closed"));
+      }
+      this.#closedResolve();
+    }, { target: this });
+  }
+
+  #settle(p: Pending, value: unknown, err?: unknown): void {
+    if (p.settled) return;
+    p.settled = true;
+    this.#sched.cancel(p.timer);
+    this.#inflight.delete(p);
+    if (err !== undefined) p.reject(err);
+    else p.resolve(value as never);
+  }
+
+  /**
+   * Sends a request: `serve` runs at the server when it arrives and returns
+   * the reply (or an Error to reject with).
+   */
+  #request<T>(
+    what: "write" | "read",
+    key: string,
+    timeout: number,
+    describe: () => string,
+    serve: () => T | Error,
+    req?: WriteRequest,
+  ): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      const sched = this.#sched;
+      const t0 = sched.now;
+      const p: Pending = {
+        settled: false,
+        resolve: resolve as (v: never) => void,
+        reject,
+        timer: undefined as unknown as SimEvent,
+      };
+      if (this.closed) {
+        p.timer = sched.at(t0, () => {}, { pure: true });
+        sched.at(
+          t0,
+          () => this.#settle(p, undefined, new Error("connection closed")),
+          { target: this },
+        );
+        return;
+      }
+      this.#inflight.add(p);
+      p.timer = this.after(
+        () => {
+          this.#trace.add(
+            sched.now,
+            key,
+            this.label,
+            () => `${describe()}: timed out`,
+          );
+          this.#settle(p, undefined, new Error("timeout"));
+        },
+        timeout,
+        "timer",
+      );
+      const fate = this.#net.fate(this, what, req);
+      if (fate !== "ok") {
+        this.#net.disturbed(
+          this,
+          t0,
+          t0 + timeout / this.rate + 1,
+          fate,
+        );
+      }
+      this.#trace.add(
+        t0,
+        key,
+        this.label,
+        () => `→ ${describe()}${fate === "ok" ? "" : ` [${fate}]`}`,
+      );
+      if (fate === "lostRequest") return;
+      const arrival = Math.max(t0 + this.#net.delay(), this.#lastArrival);
+      this.#lastArrival = arrival;
+      sched.at(arrival, () => {
+        const reply = serve();
+        if (fate === "lostReply") return;
+        const back = fate === "lateReply"
+          ? timeout / this.rate + this.#net.lateBy()
+          : this.#net.delay();
+        sched.at(sched.now + back, () => {
+          if (p.settled) return;
+          if (reply instanceof Error) this.#settle(p, undefined, reply);
+          else this.#settle(p, reply);
+        }, { target: this, kind: "io" });
+      }, { target: this.#net.freeze ? this : undefined, pure: true });
+    });
+  }
+
+  /** A stream-info request: rejects with BucketGone unless the stream is the one we started on. */
+  async #checkIdentity(key: string, timeout: number): Promise<void> {
+    const kv = this.#kv;
+    const inc = await this.#request<number>(
+      "read",
+      key,
+      timeout,
+      () => "stream info (identity check)",
+      () => kv.gone ? new this.#BucketGone() : kv.incarnation,
+    );
+    if (inc !== this.#created) {
+      throw new this.#BucketGone(
+        `the lease bucket's stream was deleted and re-created (incarnation ${this.#created}, now ${inc})`,
+      );
+    }
+    this.#suspect = false;
+  }
+
+  #makePort(): Port {
+    const kv = this.#kv;
+    const sched = this.#sched;
+    return {
+      now: () => this.local(),
+      setTimer: (fn, ms) => this.after(fn, ms, "timer"),
+      clearTimer: (h) => {
+        if (h !== undefined && h !== null) sched.cancel(h as SimEvent);
+      },
+      newInstanceId: () =>
+        `${this.label.replaceAll("'", "r")}i${++this.#instances}`,
+      write: async (req: WriteRequest): Promise<WriteResult> => {
+        const key = keyOf(req.subject);
+        const sendLocal = this.local();
+        const value = new TextDecoder().decode(req.value);
+        let res: WriteResult;
+        try {
+          res = await this.#request<WriteResult>(
+            "write",
+            key,
+            req.timeout,
+            () => `${req.op} expect ${req.expect} ${req.msgId}`,
+            () => {
+              const r = kv.write(
+                {
+                  subject: req.subject,
+                  op: req.op,
+                  value,
+                  expect: req.expect,
+                  msgId: req.msgId,
+                },
+                this.label,
+                sendLocal,
+              );
+              this.#trace.add(
+                sched.now,
+                key,
+                "server",
+                () =>
+                  `${this.label} ${req.op} expect ${req.expect}: ${
+                    r === "gone"
+                      ? "stream not found"
+                      : "seq" in r
+                      ? `applied @${r.seq}${r.duplicate ? " (duplicate)" : ""}`
+                      : `wrong last sequence: ${r.conflict}`
+                  }`,
+              );
+              if (r === "gone") return new this.#BucketGone();
+              return "seq" in r ? { seq: r.seq } : { conflict: r.conflict };
+            },
+            req,
+          );
+        } catch (err) {
+          this.#suspect = true;
+          throw err;
+        }
+        // As natsPort does: after an unanswered request, the first success
+        // is trusted only once the stream is seen to be the one the manager
+        // started on.
+        if ("seq" in res && this.#suspect) {
+          try {
+            await this.#checkIdentity(key, req.timeout);
+          } catch (err) {
+            if (!(err instanceof this.#BucketGone)) this.#suspect = true;
+            throw err;
+          }
+        }
+        return res;
+      },
+      read: (subject, query, timeout): Promise<RawEntry | null> => {
+        const key = keyOf(subject);
+        const replica = query.leader ? 0 : this.#net.replica();
+        const what = `read ${
+          query.seq === undefined ? "last" : `@${query.seq}`
+        }${query.leader ? " (leader)" : ""}`;
+        return this.#request<RawEntry | null>(
+          "read",
+          key,
+          timeout,
+          () => what,
+          () => {
+            const r = kv.read(subject, query.seq, replica);
+            this.#trace.add(
+              sched.now,
+              key,
+              "server",
+              () =>
+                `${this.label} ${what}${
+                  replica > 0
+                    ? ` on replica ${replica} (lag ${kv.cfg.lags[replica]})`
+                    : ""
+                }: ${r === "gone" ? "stream not found" : describeStored(r)}`,
+            );
+            if (r === "gone") return new this.#BucketGone();
+            return r === null ? null : toRaw(r);
+          },
+        ).catch((err) => {
+          this.#suspect = true;
+          throw err;
+        });
+      },
+      isClosed: () => this.closed,
+      closed: () => this.#closedPromise,
+    };
+  }
+}
+
+function toRaw(e: Stored): RawEntry {
+  return {
+    seq: e.seq,
+    operation: e.operation,
+    marker: e.marker,
+    msgId: e.msgId,
+    value: e.value,
+  };
+}
+
+/** A message in a trace. */
+export function describeStored(e: Stored | null | undefined): string {
+  if (!e) return "none";
+  const what = e.marker
+    ? `marker ${e.marker}`
+    : e.operation
+    ? `${e.operation}${e.msgId ? ` ${e.msgId}` : " (untagged)"}`
+    : `PUT ${e.value} ${e.msgId ?? ""}`;
+  return `@${e.seq} ${what}`;
+}

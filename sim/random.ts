@@ -1,0 +1,47 @@
+/**
+ * Seeded randomness for the simulator: the chaos checker's sfc32 generator
+ * (`../chaos/prng.ts`), plus the few distributions a history needs. Each
+ * concern of a history (faults, network, workload) draws from its own
+ * stream, derived from the seed and a label, so turning one fault off does
+ * not reshuffle the others: that keeps a reduced trace close to the original.
+ *
+ * @module
+ */
+
+import { seeded } from "../chaos/prng.ts";
+
+/** A seeded random source. */
+export interface Rng {
+  /** A float in [0, 1). */
+  next(): number;
+  /** A float in [min, max). */
+  between(min: number, max: number): number;
+  /** An integer in [0, n). */
+  int(n: number): number;
+  /** One element of a non-empty list. */
+  pick<T>(items: readonly T[]): T;
+  /** `true` with probability `p`. */
+  chance(p: number): boolean;
+  /** An exponentially distributed float with the given mean. */
+  exp(mean: number): number;
+}
+
+/**
+ * Makes the random stream `label` of history `seed`.
+ *
+ * @param seed The history's seed.
+ * @param label The concern drawing from it.
+ * @returns The stream; equal arguments give equal sequences.
+ */
+export function stream(seed: number, label: string): Rng {
+  const r = seeded(`${seed}/${label}`);
+  const next = r.next;
+  return {
+    next,
+    between: r.between,
+    int: r.int,
+    pick: r.pick,
+    chance: (p) => p > 0 && next() < p,
+    exp: (mean) => -mean * Math.log(1 - next()),
+  };
+}

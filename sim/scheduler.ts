@@ -1,0 +1,175 @@
+/**
+ * Virtual time: a priority queue of events, run one at a time, with every
+ * microtask drained between two events. The protocol under test is async
+ * code; after an event resolves one of its promises, all the continuations
+ * that follow must run before the next event, exactly as in a real event
+ * loop, or a history would depend on how fast the host runs. Draining is a
+ * `setImmediate` turn: the host runs every queued microtask (and the ones
+ * they queue) before any macrotask, in Deno, Bun and Node alike. Events
+ * that only touch the simulator's own state (`pure`) skip the drain.
+ *
+ * Events can belong to a {@linkcode Target} (a simulated process): while it
+ * is paused they are held, and they are dropped once it is dead.
+ *
+ * @module
+ */
+
+import { setImmediate } from "node:timers";
+
+/** What an event is to its process, for the order in which a resumed process sees them. */
+export type EventKind = "timer" | "io";
+
+/** A process that owns events: paused ones hold them, dead ones drop them. */
+export interface Target {
+  /** The process runs nothing now. */
+  readonly paused: boolean;
+  /** The process runs nothing ever again. */
+  readonly dead: boolean;
+  /** Keeps an event that came due while paused. */
+  hold(ev: SimEvent): void;
+}
+
+/** A scheduled event. */
+export interface SimEvent {
+  /** True (virtual) time in ms at which it runs. */
+  time: number;
+  /** Tie-break: order of scheduling. */
+  seq: number;
+  /** The time it first came due (kept when a paused process re-queues it). */
+  readonly due: number;
+  readonly fn: () => void;
+  readonly target: Target | undefined;
+  readonly kind: EventKind;
+  /** Touches no promise, so needs no microtask drain after it. */
+  readonly pure: boolean;
+  cancelled: boolean;
+}
+
+/** Options of {@linkcode Scheduler.at}. */
+export interface EventOptions {
+  /** The process the event belongs to. */
+  target?: Target | undefined;
+  /** @default {"io"} */
+  kind?: EventKind;
+  /** @default {false} */
+  pure?: boolean;
+}
+
+function before(a: SimEvent, b: SimEvent): boolean {
+  return a.time < b.time || (a.time === b.time && a.seq < b.seq);
+}
+
+const turn = (): Promise<void> =>
+  new Promise<void>((resolve) => setImmediate(resolve));
+
+/** The event queue and the virtual clock. */
+export class Scheduler {
+  /** True time of the event running now, in ms. */
+  now = 0;
+  /** Events run so far. */
+  steps = 0;
+  #seq = 0;
+  readonly #heap: SimEvent[] = [];
+  #halted = false;
+
+  /**
+   * Schedules `fn` at true time `time` (not before now).
+   *
+   * @param time When.
+   * @param fn What.
+   * @param options Owner, kind, purity.
+   * @returns The event, for {@linkcode Scheduler.cancel}.
+   */
+  at(time: number, fn: () => void, options: EventOptions = {}): SimEvent {
+    const t = Math.max(time, this.now);
+    const ev: SimEvent = {
+      time: t,
+      seq: this.#seq++,
+      due: t,
+      fn,
+      target: options.target,
+      kind: options.kind ?? "io",
+      pure: options.pure ?? false,
+      cancelled: false,
+    };
+    this.#push(ev);
+    return ev;
+  }
+
+  /** Cancels an event (a no-op once it ran). */
+  cancel(ev: SimEvent): void {
+    ev.cancelled = true;
+  }
+
+  /** Puts a held event back, to run now, after the events already due now. */
+  requeue(ev: SimEvent): void {
+    ev.time = this.now;
+    ev.seq = this.#seq++;
+    this.#push(ev);
+  }
+
+  /** Stops {@linkcode Scheduler.run} after the current event. */
+  halt(): void {
+    this.#halted = true;
+  }
+
+  /**
+   * Runs events in (time, seq) order up to true time `until`.
+   *
+   * @param until The end of the history, in ms.
+   */
+  async run(until: number): Promise<void> {
+    const heap = this.#heap;
+    while (heap.length > 0 && !this.#halted) {
+      const ev = heap[0]!;
+      if (ev.time > until) break;
+      this.#pop();
+      if (ev.cancelled) continue;
+      const target = ev.target;
+      if (target !== undefined) {
+        if (target.dead) continue;
+        if (target.paused) {
+          target.hold(ev);
+          continue;
+        }
+      }
+      this.now = ev.time;
+      this.steps++;
+      ev.cancelled = true; // ran: a later cancel is a no-op
+      ev.fn();
+      if (!ev.pure) await turn();
+    }
+    if (!this.#halted) this.now = Math.max(this.now, until);
+  }
+
+  #push(ev: SimEvent): void {
+    const heap = this.#heap;
+    let i = heap.push(ev) - 1;
+    while (i > 0) {
+      const parent = (i - 1) >> 1;
+      const p = heap[parent]!;
+      if (!before(ev, p)) break;
+      heap[i] = p;
+      i = parent;
+    }
+    heap[i] = ev;
+  }
+
+  #pop(): void {
+    const heap = this.#heap;
+    const last = heap.pop()!;
+    if (heap.length === 0) return;
+    let i = 0;
+    const n = heap.length;
+    for (;;) {
+      const l = 2 * i + 1;
+      if (l >= n) break;
+      const r = l + 1;
+      const c = r < n && before(heap[r]!, heap[l]!) ? r : l;
+      if (!before(heap[c]!, last)) break;
+      heap[i] = heap[c]!;
+      i = c;
+    }
+    heap[i] = last;
+  }
+}

@@ -1,0 +1,860 @@
+/**
+ * One simulated history: a plan drawn from the seed (which faults are on,
+ * how often, the bucket's kind, the workload), then 2-4 lease managers (the
+ * real `managerOnPort` of the lease module under test) guarding writes on
+ * 1-3 keys of one simulated bucket in virtual time, then the property
+ * checks of `check.ts` over what happened.
+ *
+ * A seed reproduces a history bit for bit: every choice comes from seeded
+ * streams, every clock and timer is virtual, and the scheduler drains the
+ * microtasks between events.
+ *
+ * @module
+ */
+
+import type {
+  LeaseManager,
+  ManagerSettings,
+  Port,
+  WriteRequest,
+} from "../lease.ts";
+import {
+  check,
+  type Disturbance,
+  type Episode,
+  type History,
+} from "./check.ts";
+import { SimKv, type Stored } from "./kv.ts";
+import {
+  type BucketGoneClass,
+  type Fate,
+  type Network,
+  SimNode,
+} from "./node.ts";
+import { type Rng, stream } from "./random.ts";
+import { Scheduler } from "./scheduler.ts";
+import { Trace } from "./trace.ts";
+
+/** What the simulator needs of a lease module (`../lease.ts` or a mutant of it). */
+export interface LeaseModule {
+  managerOnPort(port: Port, settings: ManagerSettings): LeaseManager;
+  BucketGone: BucketGoneClass;
+}
+
+/** How a guarded write behaves. */
+export type WriteKind =
+  /** Calls `throwIfLost()` right before its commit point. */
+  | "careful"
+  /** Commits at its end without any check (awaited by the guard). */
+  | "blind"
+  /** Returns at once and commits later without any check (escapes the guard). */
+  | "escape";
+
+/** Settings of a batch of histories. */
+export interface SimOptions {
+  /** TTLs to draw from, ms. @default {[1000, 2500]} */
+  ttls?: readonly number[];
+  /** Clock-rate bound: every clock runs at 1 ± at most this. @default {1e-3} */
+  epsilon?: number;
+  /** Length of a history, in TTLs. @default {12} */
+  length?: number;
+  /** Probability that each fault of the menu is on in a history. @default {0.5} */
+  faultChance?: number;
+  /** Probability of a bucket deletion and re-creation in a history. @default {0.1} */
+  recreateChance?: number;
+  /** Probability of a crash-and-replace liveness episode (P5). @default {0.3} */
+  livenessChance?: number;
+  /** Kind of the non-careful writes. @default {"blind"} */
+  blindKind?: "blind" | "escape";
+  /** Share of non-careful writes, in the histories that have them (half). @default {0.2} */
+  blindShare?: number;
+  /**
+   * Probability that a history's timers fire exactly when due. Exact timers
+   * expose float-equality assumptions (see README, "Findings").
+   * @default {0}
+   */
+  exactTimersChance?: number;
+  /** Record a trace. @default {false} */
+  trace?: boolean;
+  /** Changes to the drawn plan (used to reduce a failing seed). */
+  override?: Partial<Plan>;
+}
+
+/** Everything a seed decides before the history starts. */
+export interface Plan {
+  ttl: number;
+  epsilon: number;
+  timeout: number;
+  settleTimeout: number;
+  /** History length, ms. */
+  duration: number;
+  managers: number;
+  keys: number;
+  /** Subject delete markers on the bucket. */
+  markers: boolean;
+  markerTTL: number;
+  /** Operations each replica lags ([0] is the leader). */
+  lags: number[];
+  /** Expiry late by 0-250 ms (else exactly on time). */
+  lateExpiry: boolean;
+  /** Clock rates differ from 1 (within epsilon). */
+  skew: boolean;
+  /** Largest one-way network delay, ms. */
+  maxDelay: number;
+  /** Timers fire exactly when due (else up to 1 ms late, like a real event loop). */
+  exactTimers: boolean;
+  lostRequest: number;
+  lostReply: number;
+  lateReply: number;
+  /** Mean time between pauses of one process, ms (0: none). */
+  pauseEvery: number;
+  freeze: boolean;
+  timersFirst: boolean;
+  /** Mean time between operator deletes/purges, ms (0: none). */
+  operatorEvery: number;
+  purgeShare: number;
+  /** Operator operations come in bursts of 3-6. */
+  bursts: boolean;
+  /** The bucket is deleted and re-created once. */
+  recreate: boolean;
+  /** One process's connection closes for good. */
+  connClose: boolean;
+  /** One process crashes. */
+  crash: boolean;
+  /** Mean time between close() calls, ms (0: none). */
+  closeEvery: number;
+  /** A crashed or closed process is replaced by a new one with its node id. */
+  restart: boolean;
+  /** Mean time between release(key) calls per manager, ms (0: none). */
+  releaseEvery: number;
+  idleRelease: number | undefined;
+  /** Mean time between guards per manager, ms. */
+  guardEvery: number;
+  blindShare: number;
+  blindKind: "blind" | "escape";
+  /** Crash a holder mid-history and check that a contender takes over (P5). */
+  liveness: boolean;
+}
+
+/** A property violation. */
+export interface Violation {
+  readonly property: string;
+  /** True time at which it showed. */
+  readonly t: number;
+  readonly key: string | undefined;
+  readonly message: string;
+}
+
+/** What one history found. */
+export interface HistoryResult {
+  readonly seed: number;
+  readonly plan: Plan;
+  readonly violations: readonly Violation[];
+  /** Events run. */
+  readonly steps: number;
+  /** Guarded writes started and committed. */
+  readonly writes: number;
+  readonly commits: number;
+  readonly trace: Trace;
+}
+
+/** A guarded write as the workload saw it (times are true time, ms). */
+export interface WriteRec {
+  readonly id: number;
+  readonly mgr: string;
+  readonly key: string;
+  readonly epoch: number;
+  readonly kind: WriteKind;
+  /** The stream incarnation when it started. */
+  readonly incarnation: number;
+  readonly start: number;
+  readonly startLocal: number;
+  /** `lease.deadline` when it started (its node's clock). */
+  readonly startDeadline: number;
+  /** When it reached its commit point (check or not). */
+  checkAt?: number;
+  committed: boolean;
+  commit?: number;
+  commitLocal?: number;
+  /** `lease.deadline` at the commit (its node's clock). */
+  commitDeadline?: number;
+  /** Why the commit check threw. */
+  reason?: string;
+}
+
+/** A manager in the history. */
+interface Mgr {
+  readonly label: string;
+  readonly nodeId: string;
+  readonly node: SimNode;
+  readonly mgr: LeaseManager;
+  closing: boolean;
+  /** A replacement with its node id was scheduled. */
+  replaced: boolean;
+  /** Keys being released now. */
+  releasing: Set<string>;
+}
+
+const DURATIONS = [
+  [0.7, 0, 1 / 20],
+  [0.2, 1 / 20, 1 / 2],
+  [0.1, 1 / 2, 1.5],
+] as const;
+
+/**
+ * Draws the plan of history `seed`.
+ *
+ * @param seed The seed.
+ * @param o The batch settings.
+ * @returns The plan.
+ */
+export function makePlan(seed: number, o: SimOptions = {}): Plan {
+  const r = stream(seed, "plan");
+  const chance = o.faultChance ?? 0.5;
+  // Every value is drawn, used or not, so an override leaves the rest as is.
+  const draw = <T>(on: boolean, value: T, off: T): T => on ? value : off;
+  const ttl = r.pick(o.ttls ?? [1000, 2500]);
+  const epsilon = o.epsilon ?? 1e-3;
+  const lagOn = r.chance(chance);
+  const lag1 = 1 + r.int(8);
+  const lag2 = 1 + r.int(16);
+  const twoLagging = r.chance(0.5);
+  const plan: Plan = {
+    ttl,
+    epsilon,
+    timeout: ttl / 4,
+    settleTimeout: ttl,
+    duration: (o.length ?? 12) * ttl,
+    managers: 2 + r.int(3),
+    keys: 1 + r.int(3),
+    markers: r.chance(0.5),
+    markerTTL: r.pick([1000, 2000, 5000]),
+    lags: lagOn ? (twoLagging ? [0, lag1, lag2] : [0, lag1]) : [0],
+    lateExpiry: r.chance(chance),
+    skew: r.chance(chance),
+    maxDelay: r.pick([1, 5, 20]),
+    exactTimers: r.chance(o.exactTimersChance ?? 0),
+    lostRequest: draw(r.chance(chance), r.between(0.003, 0.05), 0),
+    lostReply: draw(r.chance(chance), r.between(0.003, 0.05), 0),
+    lateReply: draw(r.chance(chance), r.between(0.003, 0.05), 0),
+    pauseEvery: draw(r.chance(chance), r.between(2, 8) * ttl, 0),
+    freeze: r.chance(0.5),
+    timersFirst: r.chance(0.5),
+    operatorEvery: draw(r.chance(chance), r.between(1, 8) * ttl, 0),
+    purgeShare: r.next(),
+    bursts: r.chance(0.3),
+    recreate: r.chance(o.recreateChance ?? 0.1),
+    connClose: r.chance(0.1),
+    crash: r.chance(0.25),
+    closeEvery: draw(r.chance(0.3), r.between(3, 12) * ttl, 0),
+    restart: r.chance(0.7),
+    releaseEvery: draw(r.chance(chance), r.between(0.5, 4) * ttl, 0),
+    idleRelease: draw(r.chance(0.25), r.between(0.3, 2) * ttl, undefined),
+    guardEvery: r.between(0.05, 0.5) * ttl,
+    blindShare: draw(r.chance(0.5), o.blindShare ?? 0.2, 0),
+    blindKind: o.blindKind ?? "blind",
+    liveness: r.chance(o.livenessChance ?? 0.3),
+  };
+  Object.assign(plan, o.override);
+  // The liveness episode needs a manager that can still act: none made
+  // defunct by the bucket or its connection, none giving keys up on its own.
+  if (plan.recreate || plan.connClose || plan.idleRelease !== undefined) {
+    plan.liveness = false;
+  }
+  return plan;
+}
+
+/**
+ * Runs history `seed` on `lib`.
+ *
+ * @param seed The seed.
+ * @param lib The lease module under test.
+ * @param o The batch settings.
+ * @returns What the history found.
+ */
+export async function runHistory(
+  seed: number,
+  lib: LeaseModule,
+  o: SimOptions = {},
+): Promise<HistoryResult> {
+  const plan = makePlan(seed, o);
+  const { ttl, epsilon } = plan;
+  const sched = new Scheduler();
+  const trace = new Trace(o.trace ?? false);
+  const rLate = stream(seed, "late");
+  const rNet = stream(seed, "net");
+  const rReplica = stream(seed, "replica");
+  const rWork = stream(seed, "workload");
+  const rFault = stream(seed, "faults");
+  const rClock = stream(seed, "clock");
+  const rTimer = stream(seed, "timers");
+  const kv = new SimKv(sched, trace, "leases", {
+    maxAge: ttl,
+    markers: plan.markers,
+    markerTTL: plan.markerTTL,
+    late: () => plan.lateExpiry ? rLate.between(0, 250) : 0,
+    lags: plan.lags,
+  });
+  const keys = Array.from({ length: plan.keys }, (_, i) => `k${i + 1}`);
+  const violations: Violation[] = [];
+  const violate = (
+    property: string,
+    key: string | undefined,
+    message: string,
+  ) => {
+    violations.push({ property, t: sched.now, key, message });
+    trace.add(
+      sched.now,
+      key,
+      "CHECK",
+      () => `${property} VIOLATED: ${message}`,
+    );
+  };
+  const disturbances: Disturbance[] = [];
+  const writes: WriteRec[] = [];
+  const releases: { mgr: string; key: string | undefined; t: number }[] = [];
+  const episodes: Episode[] = [];
+  const nodes = new Map<string, SimNode>();
+  const mgrs: Mgr[] = [];
+  let quiet = false;
+  let episode: Episode | undefined;
+
+  const net: Network = {
+    delay: () => rNet.between(0.05, plan.maxDelay),
+    fate(node: SimNode, what: "write" | "read", req?: WriteRequest): Fate {
+      const x = rNet.next();
+      if (quiet) {
+        if (
+          episode && !episode.lostReplyUsed && episode.loseReply &&
+          node.label === episode.contender && what === "write" &&
+          req !== undefined && /^lease:[^:]+:0:/.test(req.msgId)
+        ) {
+          episode.lostReplyUsed = true;
+          return "lostReply";
+        }
+        return "ok";
+      }
+      if (x < plan.lostRequest) return "lostRequest";
+      if (x < plan.lostRequest + plan.lostReply) return "lostReply";
+      if (x < plan.lostRequest + plan.lostReply + plan.lateReply) {
+        return "lateReply";
+      }
+      return "ok";
+    },
+    lateBy: () => rNet.between(1, ttl),
+    timerLate: () => plan.exactTimers ? 0 : rTimer.next(),
+    replica: () => quiet ? 0 : rReplica.int(plan.lags.length),
+    freeze: plan.freeze,
+    timersFirst: plan.timersFirst,
+    disturbed(node, t0, t1, why) {
+      disturbances.push({ scope: "node", who: node.label, t0, t1, why });
+    },
+  };
+
+  const newNode = (label: string): SimNode => {
+    const rate = plan.skew
+      ? 1 +
+        (rClock.chance(0.3) ? rClock.pick([-1, 1]) : rClock.between(-1, 1)) *
+          epsilon
+      : 1;
+    const node = new SimNode(
+      sched,
+      kv,
+      net,
+      trace,
+      label,
+      rate,
+      rClock.between(0, 1e6),
+      lib.BucketGone,
+    );
+    nodes.set(label, node);
+    return node;
+  };
+
+  const settings = (nodeId: string): ManagerSettings => ({
+    node: nodeId,
+    ttl,
+    timeout: plan.timeout,
+    bucket: "leases",
+    restartGrace: true,
+    settleTimeout: plan.settleTimeout,
+    idleRelease: plan.idleRelease,
+    signal: undefined,
+  });
+
+  const addManager = (label: string, nodeId: string): Mgr => {
+    const node = newNode(label);
+    const m: Mgr = {
+      label,
+      nodeId,
+      node,
+      mgr: lib.managerOnPort(node.port, settings(nodeId)),
+      closing: false,
+      replaced: false,
+      releasing: new Set(),
+    };
+    mgrs.push(m);
+    trace.add(
+      sched.now,
+      undefined,
+      label,
+      () =>
+        `manager started (node ${nodeId}, clock rate ${node.rate.toFixed(6)})`,
+    );
+    workload(m);
+    return m;
+  };
+
+  const live = (m: Mgr) => !m.node.dead && !m.closing;
+
+  // ---- P4: the manager never reports a landed CAS of the tenure as lost.
+  const watched = new WeakSet<AbortSignal>();
+  const watch = (m: Mgr, key: string, signal: AbortSignal, epoch: number) => {
+    if (watched.has(signal)) return;
+    watched.add(signal);
+    const inc = kv.incarnation;
+    signal.addEventListener("abort", () => {
+      const reason = signal.reason as Error | undefined;
+      trace.add(
+        sched.now,
+        key,
+        m.label,
+        () =>
+          `lease epoch ${epoch} aborted: ${reason?.name}: ${reason?.message}`,
+      );
+      if (
+        reason?.name !== "NotHolderError" || /was released/.test(reason.message)
+      ) return;
+      const last = kv.last(kv.subject(key));
+      if (
+        last && kv.incarnation === inc && tenureWrite(last, m.label, epoch)
+      ) {
+        violate(
+          "P4",
+          key,
+          `${m.label} reported its lease (epoch ${epoch}) lost while the key's last entry is its own write @${last.seq}`,
+        );
+      }
+    }, { once: true });
+  };
+
+  // ---- The workload: guarded writes.
+  let writeIds = 0;
+  const guard = (m: Mgr, key: string, kind: WriteKind, duration: number) => {
+    const node = m.node;
+    const id = ++writeIds;
+    trace.add(
+      sched.now,
+      key,
+      m.label,
+      () => `guard #${id} (${kind}, ${duration.toFixed(1)} ms)`,
+    );
+    m.mgr.guard(key, (lease) => {
+      const t = sched.now;
+      const local = node.local();
+      const rec: WriteRec = {
+        id,
+        mgr: m.label,
+        key,
+        epoch: lease.epoch,
+        kind,
+        incarnation: kv.incarnation,
+        start: t,
+        startLocal: local,
+        startDeadline: lease.deadline,
+        committed: false,
+      };
+      writes.push(rec);
+      trace.add(
+        t,
+        key,
+        m.label,
+        () =>
+          `write #${id} starts: epoch ${lease.epoch}, deadline ${
+            node.trueOf(lease.deadline).toFixed(3)
+          }`,
+      );
+      // P3 at the start: the write runs only while the lease is vouched for.
+      try {
+        lease.throwIfLost();
+      } catch (err) {
+        violate(
+          "P3",
+          key,
+          `write #${id} of ${m.label} started although throwIfLost() throws: ${
+            (err as Error).message
+          }`,
+        );
+      }
+      if (!(local < lease.deadline)) {
+        violate(
+          "P3",
+          key,
+          `write #${id} of ${m.label} started at its clock ${
+            local.toFixed(3)
+          }, not before its deadline ${lease.deadline.toFixed(3)}`,
+        );
+      }
+      watch(m, key, lease.signal, lease.epoch);
+      const finish = () => {
+        rec.checkAt = sched.now;
+        if (kind === "careful") {
+          try {
+            lease.throwIfLost();
+          } catch (err) {
+            rec.reason = `${(err as Error).name}: ${(err as Error).message}`;
+            trace.add(
+              sched.now,
+              key,
+              m.label,
+              () => `write #${id} refused at its commit point: ${rec.reason}`,
+            );
+            return;
+          }
+        }
+        rec.committed = true;
+        rec.commit = sched.now;
+        rec.commitLocal = node.local();
+        rec.commitDeadline = lease.deadline;
+        trace.add(
+          sched.now,
+          key,
+          m.label,
+          () =>
+            `write #${id} commits (${kind}, epoch ${lease.epoch}, started ${
+              t.toFixed(3)
+            }, deadline ${node.trueOf(lease.deadline).toFixed(3)})`,
+        );
+        if (kind === "careful" && !(rec.commitLocal < lease.deadline)) {
+          violate(
+            "P3",
+            key,
+            `careful write #${id} of ${m.label} passed throwIfLost() at its clock ${
+              rec.commitLocal.toFixed(3)
+            }, not before its deadline ${lease.deadline.toFixed(3)}`,
+          );
+        }
+      };
+      if (kind === "escape") {
+        node.after(finish, duration, "io");
+        return;
+      }
+      return new Promise<void>((resolve) =>
+        node.after(
+          () => {
+            finish();
+            resolve();
+          },
+          duration,
+          "io",
+        )
+      );
+    }).then(
+      () => {},
+      (err: Error) =>
+        trace.add(
+          sched.now,
+          key,
+          m.label,
+          () => `guard #${id} rejected: ${err.name}: ${err.message}`,
+        ),
+    );
+  };
+
+  const duration = (): number => {
+    const x = rWork.next();
+    let acc = 0;
+    for (const [p, lo, hi] of DURATIONS) {
+      acc += p;
+      if (x < acc) return rWork.between(lo * ttl, hi * ttl);
+    }
+    return rWork.between(0, ttl / 20);
+  };
+
+  function workload(m: Mgr): void {
+    const tick = () => {
+      if (!live(m)) return;
+      // During a liveness episode the watched key has its own cadence.
+      const choices = episode && quiet
+        ? keys.filter((k) => k !== episode!.key)
+        : keys;
+      if (choices.length > 0) {
+        const kind: WriteKind = rWork.chance(plan.blindShare)
+          ? plan.blindKind
+          : "careful";
+        guard(m, rWork.pick(choices), kind, duration());
+      }
+      m.node.after(tick, rWork.exp(plan.guardEvery), "timer");
+    };
+    m.node.after(tick, rWork.exp(plan.guardEvery), "timer");
+    if (plan.releaseEvery > 0) {
+      const rel = () => {
+        if (!live(m)) return;
+        if (!quiet) {
+          const key = rWork.pick(keys);
+          const t0 = sched.now;
+          releases.push({ mgr: m.label, key, t: t0 });
+          m.releasing.add(key);
+          trace.add(t0, key, m.label, () => `release() called`);
+          m.mgr.release(key).then(
+            () => trace.add(sched.now, key, m.label, () => `release() done`),
+            (err: Error) =>
+              trace.add(
+                sched.now,
+                key,
+                m.label,
+                () => `release() failed: ${err.message}`,
+              ),
+          ).finally(() => m.releasing.delete(key));
+        }
+        m.node.after(rel, rWork.exp(plan.releaseEvery), "timer");
+      };
+      m.node.after(rel, rWork.exp(plan.releaseEvery), "timer");
+    }
+  }
+
+  // ---- Faults that come from outside the processes.
+  const pick = (list: Mgr[]): Mgr | undefined =>
+    list.length > 0 ? rFault.pick(list) : undefined;
+
+  if (plan.pauseEvery > 0) {
+    const next = () => {
+      sched.at(sched.now + rFault.exp(plan.pauseEvery / plan.managers), () => {
+        const m = pick(mgrs.filter((m) => !m.node.dead));
+        const x = rFault.next();
+        const len = x < 0.5
+          ? rFault.between(1, ttl / 5)
+          : x < 0.8
+          ? rFault.between(ttl / 5, ttl)
+          : rFault.between(ttl, 3 * ttl);
+        if (m && !quiet) m.node.pause(sched.now + len);
+        next();
+      }, { pure: true });
+    };
+    next();
+  }
+
+  if (plan.operatorEvery > 0) {
+    const next = () => {
+      sched.at(sched.now + rFault.exp(plan.operatorEvery), () => {
+        const key = rFault.pick(keys);
+        const purge = rFault.next() < plan.purgeShare;
+        const n = plan.bursts && rFault.chance(0.5) ? 3 + rFault.int(4) : 1;
+        let t = sched.now;
+        for (let i = 0; i < n; i++) {
+          const p = i === 0 ? purge : rFault.chance(0.5);
+          sched.at(t, () => {
+            if (quiet) return;
+            disturbances.push({
+              scope: "key",
+              who: key,
+              t0: sched.now,
+              t1: sched.now,
+              why: p ? "purge" : "delete",
+            });
+            if (p) kv.operatorPurge(key);
+            else kv.operatorDelete(key);
+          }, { pure: true });
+          t += rFault.between(0.5, 5);
+        }
+        next();
+      }, { pure: true });
+    };
+    next();
+  }
+
+  if (plan.recreate) {
+    const td = rFault.between(0.2, 0.6) * plan.duration;
+    // The gap outlasts every deadline vouched before the deletion.
+    const gap = ttl / (1 - epsilon) + rFault.between(1, ttl);
+    sched.at(td, () => {
+      disturbances.push({
+        scope: "all",
+        who: "bucket",
+        t0: td,
+        t1: Infinity,
+        why: "bucket deleted",
+      });
+      kv.deleteBucket();
+    }, { pure: true });
+    sched.at(td + gap, () => kv.createBucket(), { pure: true });
+  }
+
+  const replace = (m: Mgr) => {
+    if (!plan.restart || m.replaced) return;
+    m.replaced = true;
+    sched.at(sched.now + rFault.between(0, 2 * ttl), () => {
+      let label = `${m.label}'`;
+      while (nodes.has(label)) label += "'";
+      // A process starts only on an existing bucket (createBucket: false).
+      const start = () => {
+        if (quiet) return;
+        if (kv.gone) sched.at(sched.now + ttl, start);
+        else addManager(label, m.nodeId);
+      };
+      start();
+    });
+  };
+
+  if (plan.crash) {
+    sched.at(rFault.between(0.1, 0.9) * plan.duration, () => {
+      const m = pick(mgrs.filter((m) => !m.node.dead));
+      if (!m || quiet) return;
+      m.node.crash();
+      replace(m);
+    });
+  }
+
+  if (plan.connClose) {
+    sched.at(rFault.between(0.1, 0.9) * plan.duration, () => {
+      const m = pick(mgrs.filter((m) => !m.node.dead));
+      if (m && !quiet) m.node.closeConnection();
+    });
+  }
+
+  if (plan.closeEvery > 0) {
+    const next = () => {
+      sched.at(sched.now + rFault.exp(plan.closeEvery), () => {
+        const m = pick(mgrs.filter(live));
+        if (m && !quiet && !m.node.paused) {
+          m.closing = true;
+          releases.push({ mgr: m.label, key: undefined, t: sched.now });
+          trace.add(sched.now, undefined, m.label, () => `close() called`);
+          m.mgr.close().then(
+            (r) =>
+              trace.add(
+                sched.now,
+                undefined,
+                m.label,
+                () =>
+                  `close() done: released [${r.released}], unreleased [${r.unreleased}]`,
+              ),
+            (err: Error) =>
+              trace.add(
+                sched.now,
+                undefined,
+                m.label,
+                () => `close() failed: ${err.message}`,
+              ),
+          );
+          replace(m);
+        }
+        next();
+      }, { target: undefined });
+    };
+    next();
+  }
+
+  // ---- P5: crash the holder of a key, then a contender must take over.
+  const g = ttl / 10;
+  if (plan.liveness) {
+    sched.at(rFault.between(0.35, 0.5) * plan.duration, () => {
+      const candidates = keys.flatMap((key) => {
+        const last = kv.last(kv.subject(key));
+        const h =
+          last && last.operation === undefined && last.marker === undefined
+            ? mgrs.find((m) => m.label === last.writer && !m.node.dead)
+            : undefined;
+        return h ? [{ key, h }] : [];
+      });
+      // Every process that may act must be running: nothing held back by a
+      // pause lands inside the window.
+      if (candidates.length === 0 || mgrs.some((m) => m.node.paused)) return;
+      const { key, h } = rFault.pick(candidates);
+      const t = sched.now;
+      const maxDelay = plan.maxDelay;
+      const bound = (ttl + plan.timeout + 3 * g) / (1 - epsilon) +
+        14 * maxDelay;
+      episode = {
+        t,
+        key,
+        holder: h.label,
+        contender: "c",
+        loseReply: rFault.chance(0.5),
+        lostReplyUsed: false,
+        gone: undefined,
+        serverBound: t + maxDelay + ttl + (plan.lateExpiry ? 250 : 0),
+        bound,
+      };
+      episodes.push(episode);
+      const ep = episode;
+      quiet = true;
+      trace.add(
+        t,
+        key,
+        "sim",
+        () =>
+          `liveness episode: crash holder ${h.label}; contender c and every live manager guard every ${g} ms; no faults`,
+      );
+      h.node.crash();
+      kv.onChange = (k, e) => {
+        if (k === key && ep.gone === undefined && e?.writer !== h.label) {
+          ep.gone = sched.now;
+        }
+      };
+      const c = addManager("c", "nc");
+      const until = ep.serverBound + bound + 2 * ttl;
+      for (const m of mgrs.filter(live)) {
+        const tick = () => {
+          if (!live(m) || sched.now > until) return;
+          guard(m, key, "careful", rWork.between(0, ttl / 50));
+          m.node.after(tick, g, "timer");
+        };
+        if (m === c) tick();
+        else m.node.after(tick, rWork.between(0, g), "timer");
+      }
+      sched.at(until, () => {
+        quiet = false;
+        kv.onChange = undefined;
+      });
+    });
+  }
+
+  for (let i = 0; i < plan.managers; i++) addManager(`m${i + 1}`, `n${i + 1}`);
+
+  await sched.run(plan.duration);
+
+  const history: History = {
+    plan,
+    writes,
+    log: kv.log,
+    lifecycle: kv.lifecycle,
+    nodes,
+    disturbances,
+    releases,
+    episodes,
+  };
+  violations.push(...check(history));
+  violations.sort((a, b) => a.t - b.t);
+  return {
+    seed,
+    plan,
+    violations,
+    steps: sched.steps,
+    writes: writes.length,
+    commits: writes.filter((w) => w.committed).length,
+    trace,
+  };
+}
+
+/** The tag epoch of one of the lease manager's writes (`lease:<instance>:<epoch>:<n>`). */
+export function tagEpoch(msgId: string | undefined): number | undefined {
+  const m = /^lease:[^:]+:(\d+):\d+$/.exec(msgId ?? "");
+  return m ? Number(m[1]) : undefined;
+}
+
+/**
+ * Whether `e` is a put written by `writer` in its tenure of epoch `epoch`:
+ * the put that began it (at revision `epoch`: an acquire, or a renewal sent
+ * after the old tenure's deadline) or one tagged with that epoch.
+ */
+export function tenureWrite(e: Stored, writer: string, epoch: number): boolean {
+  if (
+    e.writer !== writer || e.operation !== undefined || e.marker !== undefined
+  ) {
+    return false;
+  }
+  return e.seq === epoch || tagEpoch(e.msgId) === epoch;
+}
+
+export type { Rng };
