@@ -958,15 +958,20 @@ class Manager implements LeaseManager {
     const signal = options?.signal;
     if (signal?.aborted) throw abortReason(signal);
     this.#checkOpen("guard a write", key);
-    const st = await this.#claim(key, signal);
-    // A key in its grace needs no round trip to be refused.
-    const wait = st.held ? st.notBefore - this.#port.now() : 0;
-    if (wait > 0) throw new NotHolderError(key, undefined, Math.ceil(wait));
-
-    try {
-      await this.#sync(st, signal);
-    } catch (err) {
-      throw this.#unavailable("guard a write", key, err);
+    let st: KeyState;
+    for (;;) {
+      st = await this.#claim(key, signal);
+      // A key in its grace needs no round trip to be refused.
+      const wait = st.held ? st.notBefore - this.#port.now() : 0;
+      if (wait > 0) throw new NotHolderError(key, undefined, Math.ceil(wait));
+      try {
+        await this.#sync(st, signal);
+      } catch (err) {
+        throw this.#unavailable("guard a write", key, err);
+      }
+      // A release that began while we waited owns the key now: no write
+      // may start under a lease being given up. Claim it again after.
+      if (!st.releasing) break;
     }
 
     if (signal?.aborted) throw abortReason(signal);
