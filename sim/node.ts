@@ -51,6 +51,8 @@ export interface Network {
   readonly freeze: boolean;
   /** A resumed process runs its due timers before its due replies. */
   readonly timersFirst: boolean;
+  /** Called after `node` sent a request (a history may pause it right then). */
+  sent(node: SimNode): void;
   /** Tells the history a fault touched `node` over [t0, t1] (true time). */
   disturbed(node: SimNode, t0: number, t1: number, why: string): void;
 }
@@ -297,6 +299,7 @@ export class SimNode implements Target {
         this.label,
         () => `→ ${describe()}${fate === "ok" ? "" : ` [${fate}]`}`,
       );
+      this.#net.sent(this);
       if (fate === "lostRequest") return;
       const arrival = Math.max(t0 + this.#net.delay(), this.#lastArrival);
       this.#lastArrival = arrival;

@@ -108,6 +108,8 @@ export interface Plan {
   lateReply: number;
   /** Mean time between pauses of one process, ms (0: none). */
   pauseEvery: number;
+  /** With pauses on: probability that a process pauses right after sending a request. */
+  pauseOnSend: number;
   freeze: boolean;
   timersFirst: boolean;
   /** Mean time between operator deletes/purges, ms (0: none). */
@@ -238,6 +240,7 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     lostReply: draw(r.chance(chance), r.between(0.003, 0.05), 0),
     lateReply: draw(r.chance(chance), r.between(0.003, 0.05), 0),
     pauseEvery: draw(r.chance(chance), r.between(2, 8) * ttl, 0),
+    pauseOnSend: r.between(0, 0.02),
     freeze: r.chance(0.5),
     timersFirst: r.chance(0.5),
     operatorEvery: draw(r.chance(chance), r.between(1, 8) * ttl, 0),
@@ -288,6 +291,15 @@ export async function runHistory(
   const rFault = stream(seed, "faults");
   const rClock = stream(seed, "clock");
   const rTimer = stream(seed, "timers");
+  const rPause = stream(seed, "pauses");
+  const pauseLength = (): number => {
+    const x = rPause.next();
+    return x < 0.5
+      ? rPause.between(1, ttl / 5)
+      : x < 0.8
+      ? rPause.between(ttl / 5, ttl)
+      : rPause.between(ttl, 3 * ttl);
+  };
   const kv = new SimKv(sched, trace, "leases", {
     maxAge: ttl,
     markers: plan.markers,
@@ -340,6 +352,16 @@ export async function runHistory(
         return "lateReply";
       }
       return "ok";
+    },
+    sent(node) {
+      // Pauses aimed at the moment a request is in flight, the window
+      // where a late reply meets a passed deadline.
+      if (plan.pauseEvery > 0 && !quiet && rPause.chance(plan.pauseOnSend)) {
+        const len = pauseLength();
+        sched.at(sched.now, () => {
+          if (!quiet) node.pause(sched.now + len);
+        }, { pure: true });
+      }
     },
     lateBy: () => rNet.between(1, ttl),
     timerLate: () => plan.exactTimers ? 0 : rTimer.next(),
@@ -621,12 +643,7 @@ export async function runHistory(
     const next = () => {
       sched.at(sched.now + rFault.exp(plan.pauseEvery / plan.managers), () => {
         const m = pick(mgrs.filter((m) => !m.node.dead));
-        const x = rFault.next();
-        const len = x < 0.5
-          ? rFault.between(1, ttl / 5)
-          : x < 0.8
-          ? rFault.between(ttl / 5, ttl)
-          : rFault.between(ttl, 3 * ttl);
+        const len = pauseLength();
         if (m && !quiet) m.node.pause(sched.now + len);
         next();
       }, { pure: true });

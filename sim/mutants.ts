@@ -1,0 +1,243 @@
+/**
+ * Mutants of `../lease.ts`: each puts one known safety hole back by a
+ * source replacement, so the simulator can show that its faults and
+ * properties catch it. A mutant is written to `sim/.mutants/lease_<name>.ts`
+ * (ignored by git; inside the repository so that the import map and
+ * `node_modules` resolve the same way) and loaded like the real module.
+ *
+ * Every search string must occur exactly once in `lease.ts`: when the code
+ * changes, `mutate` says which mutant no longer applies instead of
+ * silently testing the unmutated code.
+ *
+ * @module
+ */
+
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { ROOT } from "./load.ts";
+
+/** One hole, as replacements on `lease.ts`. */
+export interface Mutant {
+  /** File-name-safe name. */
+  readonly name: string;
+  /** The hole's number in the issue. */
+  readonly hole: string;
+  /** What the mutant does wrong. */
+  readonly description: string;
+  /** The property expected to catch it, or `undefined` when none can. */
+  readonly expect: string | undefined;
+  /** Why no property of a simulated history can catch it (for `expect: undefined`). */
+  readonly why?: string;
+  /** [search, replacement] pairs. */
+  readonly edits: readonly (readonly [string, string])[];
+}
+
+const NEVER = "false as boolean";
+
+/** The mutants, one per hole. */
+export const MUTANTS: readonly Mutant[] = [
+  {
+    name: "operator_del_clean",
+    hole: "1",
+    description:
+      "an operator's plain DEL is taken for a clean release (no grace)",
+    expect: "P1",
+    edits: [[
+      `} else if (e.operation === "DEL") kind = tag ? "released" : "removed";`,
+      `} else if (e.operation === "DEL") kind = "released";`,
+    ]],
+  },
+  {
+    name: "release_in_grace",
+    hole: "2",
+    description:
+      "a release inside the releaser's own grace is written as a clean release",
+    expect: "P1",
+    edits: [[
+      "now >= st.notBefore && t !== undefined && now < t.validUntil &&",
+      "t !== undefined && now < t.validUntil &&",
+    ]],
+  },
+  {
+    name: "lagging_readback",
+    hole: "3",
+    description:
+      "a renewal's read-back goes to any replica, and not-found there counts as lost",
+    expect: "P4",
+    edits: [
+      [
+        "          at > 0 ? at : undefined,\n          true,\n",
+        "          at > 0 ? at : undefined,\n          false,\n",
+      ],
+      ["if (seen === null && at > 0) {", `if (${NEVER}) {`],
+    ],
+  },
+  {
+    name: "resume_grace_reset",
+    hole: "3b",
+    description:
+      "resuming our own acquire after a lost reply resets the grace to none",
+    expect: "P1",
+    edits: [[
+      "this.#tookOver(st, seen.seq, p.grace, p.sent);",
+      "this.#tookOver(st, seen.seq, 0, p.sent);",
+    ]],
+  },
+  {
+    name: "no_deadline_check",
+    hole: "5",
+    description:
+      "throwIfLost() trusts the signal only, which a paused process's timer aborts late",
+    expect: "P3",
+    edits: [[
+      "    const now = this.#port.now();\n    if (now >= this.#tenure.validUntil) {",
+      `    const now = this.#port.now();\n    if (${NEVER}) {`,
+    ]],
+  },
+  {
+    name: "guard_no_vouch",
+    hole: "5b",
+    description:
+      "a confirmation that arrives after the deadline (a reply held by a pause) is not checked against it, in guard() and in the renewal",
+    expect: "P3",
+    edits: [
+      [
+        "    const tenure = st.tenure!;\n    this.#vouch(st, now);\n",
+        "    const tenure = st.tenure!;\n",
+      ],
+      ["    this.#vouch(st, this.#port.now());\n  }", "  }"],
+    ],
+  },
+  {
+    name: "own_acquire_unrecognised",
+    hole: "6",
+    description:
+      "an acquiring CAS whose reply was lost is not recognised as our own",
+    expect: "P5",
+    edits: [["        if (p) {", `        if (p && ${NEVER}) {`]],
+  },
+  {
+    name: "close_stops_renewing",
+    hole: "7",
+    description: "close() stops renewing before the writes settle",
+    expect: "P6",
+    edits: [[
+      "    const held = keys.map((st) => st.held || st.pending.length > 0);\n",
+      "    const held = keys.map((st) => st.held || st.pending.length > 0);\n    this.#stopped = true;\n    this.#stopRenewals();\n",
+    ]],
+  },
+  {
+    name: "holder_keeps_state",
+    hole: "8",
+    description: "holder() keeps state for every key it reads",
+    expect: undefined,
+    why:
+      "a memory cost, not a behaviour: no history of the protocol differs (a real-server test counts the state)",
+    edits: [[
+      "seen = await this.#read(this.#subject(key), undefined, false);",
+      "seen = await this.#read(this.#state(key).subject, undefined, false);",
+    ]],
+  },
+  {
+    name: "recreated_bucket_continues",
+    hole: "10",
+    description:
+      "a deleted or re-created bucket does not stop the manager (old epochs go on)",
+    expect: "P2",
+    edits: [
+      [
+        "    } catch (err) {\n      if (err instanceof BucketGone) this.#goDefunct(err.message);\n      throw new UnavailableError(st.key, errText(err), { cause: err });",
+        "    } catch (err) {\n      throw new UnavailableError(st.key, errText(err), { cause: err });",
+      ],
+      [
+        "    } catch (err) {\n      if (err instanceof BucketGone) this.#goDefunct(err.message);\n      throw err;",
+        "    } catch (err) {\n      throw err;",
+      ],
+      ["if (res.seq <= floor) {", `if (${NEVER}) {`],
+      ["if (at > 0 && at < st.rev) {", `if (${NEVER}) {`],
+    ],
+  },
+  {
+    name: "kept_moving_no_retry",
+    hole: "11",
+    description:
+      "a renewal that gives up after revisions kept moving schedules no retry",
+    expect: "P6",
+    edits: [[
+      "    // Revisions kept moving under us: keep trying, the deadline bounds it.\n    this.#retryRenewal(st);\n",
+      "    // Revisions kept moving under us: keep trying, the deadline bounds it.\n",
+    ]],
+  },
+  {
+    name: "tenure_outlives_deadline",
+    hole: "12",
+    description:
+      "a renewal sent after the deadline carries the old tenure on (no new epoch, no grace)",
+    expect: "P2",
+    edits: [["if (sent >= st.tenure!.validUntil) {", `if (${NEVER}) {`]],
+  },
+];
+
+/**
+ * Applies a mutant's replacements to `lease.ts`'s source.
+ *
+ * @param source The source of `lease.ts`.
+ * @param m The mutant.
+ * @returns The mutated source.
+ * @throws {Error} A search string does not occur exactly once.
+ */
+export function mutate(source: string, m: Mutant): string {
+  let out = source;
+  for (const [search, replacement] of m.edits) {
+    const first = out.indexOf(search);
+    if (first < 0 || out.indexOf(search, first + 1) >= 0) {
+      throw new Error(
+        `Cannot build mutant '${m.name}' (hole ${m.hole}) as lease.ts contains ${
+          first < 0 ? "no" : "more than one"
+        } ${JSON.stringify(search.slice(0, 80))}: update sim/mutants.ts`,
+      );
+    }
+    out = out.slice(0, first) + replacement +
+      out.slice(first + search.length);
+  }
+  // The copy lives two folders down: keep relative imports pointing home.
+  return out.replaceAll(/from "\.\//g, 'from "../../');
+}
+
+/**
+ * Writes a mutant of `lease.ts` to `sim/.mutants/lease_<name>.ts`.
+ *
+ * @param m The mutant.
+ * @returns The file's path.
+ */
+export function writeMutant(m: Mutant): string {
+  const source = fs.readFileSync(path.join(ROOT, "lease.ts"), "utf8");
+  const dir = path.join(ROOT, "sim", ".mutants");
+  fs.mkdirSync(dir, { recursive: true });
+  const file = path.join(dir, `lease_${m.name}.ts`);
+  const text = mutate(source, m);
+  // Leave an identical file alone: a running test may be importing it.
+  if (!fs.existsSync(file) || fs.readFileSync(file, "utf8") !== text) {
+    fs.writeFileSync(file, text);
+  }
+  return file;
+}
+
+/**
+ * Finds a mutant by name or hole number.
+ *
+ * @param id A name or hole number.
+ * @returns The mutant.
+ * @throws {RangeError} No such mutant.
+ */
+export function findMutant(id: string): Mutant {
+  const m = MUTANTS.find((m) => m.name === id || m.hole === id);
+  if (!m) {
+    throw new RangeError(
+      `Cannot find mutant '${id}': use one of ${
+        MUTANTS.map((m) => `${m.hole} (${m.name})`).join(", ")
+      }`,
+    );
+  }
+  return m;
+}
