@@ -87,14 +87,26 @@ export function allowance(ttl: number, epsilon: number): number {
   return ttl * (2 / (1 + epsilon) - 1 / (1 - epsilon));
 }
 
+/** What {@linkcode check} found. */
+export interface CheckResult {
+  readonly violations: Violation[];
+  /**
+   * Overlapping committed writes of two tenures that P1 allows (the earlier
+   * ran past its deadline by more than the allowance, the later has the
+   * greater epoch): what only the epoch fences.
+   */
+  readonly fencedOverlaps: number;
+}
+
 /**
  * Checks P1, P2, P3 (the deadline part), P5 and P6 on a finished history.
  *
  * @param h The history.
- * @returns The violations found.
+ * @returns The violations found, and how many overlaps only the epoch fences.
  */
-export function check(h: History): Violation[] {
+export function check(h: History): CheckResult {
   const out: Violation[] = [];
+  let fencedOverlaps = 0;
   const { ttl, epsilon } = h.plan;
   const v = (
     property: string,
@@ -211,7 +223,8 @@ export function check(h: History): Violation[] {
         const b = bound(w1, c1);
         const d1 = b === undefined ? -Infinity : node(w1).trueOf(b);
         const overrun = c1 - d1;
-        if (!(overrun > G) || !(w2.epoch > w1.epoch)) {
+        if (overrun > G && w2.epoch > w1.epoch) fencedOverlaps++;
+        else {
           v(
             "P1",
             w2.start,
@@ -332,5 +345,5 @@ export function check(h: History): Violation[] {
       }) was refused at its commit point (${w.reason}) though nothing disturbed ${w.mgr} or the key since one TTL before it started`,
     );
   }
-  return out;
+  return { violations: out, fencedOverlaps };
 }

@@ -22,7 +22,7 @@ export interface Rng {
   pick<T>(items: readonly T[]): T;
   /** `true` with probability `p`. */
   chance(p: number): boolean;
-  /** An exponentially distributed float with the given mean. */
+  /** An exponentially distributed float with the given mean (the same bits on every engine). */
   exp(mean: number): number;
 }
 
@@ -42,6 +42,39 @@ export function stream(seed: number, label: string): Rng {
     int: r.int,
     pick: r.pick,
     chance: (p) => p > 0 && next() < p,
-    exp: (mean) => -mean * Math.log(1 - next()),
+    exp: (mean) => -mean * ln(1 - next()),
   };
+}
+
+const LN2 = 0.6931471805599453;
+
+/**
+ * The natural logarithm of `x` in (0, 1], from IEEE-exact operations only.
+ * `Math.log` may differ in the last bit between engines (Node's V8 and
+ * Deno's did), and one bit is enough to make a history differ.
+ *
+ * @param x The argument.
+ * @returns ln(x).
+ */
+export function ln(x: number): number {
+  let k = 0;
+  let m = x;
+  while (m < 1) {
+    m *= 2;
+    k--;
+  }
+  while (m >= 2) {
+    m /= 2;
+    k++;
+  }
+  // ln(m) = 2 atanh(z), z = (m - 1) / (m + 1) <= 1/3.
+  const z = (m - 1) / (m + 1);
+  const z2 = z * z;
+  let term = z;
+  let sum = 0;
+  for (let i = 1; i < 60; i += 2) {
+    sum += term / i;
+    term *= z2;
+  }
+  return 2 * sum + k * LN2;
 }

@@ -157,6 +157,8 @@ export interface HistoryResult {
   /** Guarded writes started and committed. */
   readonly writes: number;
   readonly commits: number;
+  /** Overlapping writes P1 allows because the later one's epoch fences the earlier. */
+  readonly fencedOverlaps: number;
   readonly trace: Trace;
 }
 
@@ -841,7 +843,8 @@ export async function runHistory(
     releases,
     episodes,
   };
-  violations.push(...check(history));
+  const checked = check(history);
+  violations.push(...checked.violations);
   violations.sort((a, b) => a.t - b.t);
   return {
     seed,
@@ -850,6 +853,7 @@ export async function runHistory(
     steps: sched.steps,
     writes: writes.length,
     commits: writes.filter((w) => w.committed).length,
+    fencedOverlaps: checked.fencedOverlaps,
     trace,
   };
 }

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# CI entry point of the deterministic simulator: a fixed budget of seeded
+# histories on the real lease.ts under Deno (split over parallel jobs), a
+# determinism check, and every mutant of sim/mutants.ts hunted to its first
+# failure. Prints one line per check, "sim ci: <what>: PASS" or
+# "sim ci: <what>: FAILED ...", and exits non-zero if any failed.
+#
+# Environment:
+#   SIM_CI_SEEDS    histories in the budget (default 12000, seeds 0..N-1:
+#                   the same histories on every run)
+#   SIM_CI_JOBS     parallel Deno processes (default: the number of CPUs)
+#   SIM_CI_MUTANTS  most histories per mutant hunt (default 3000; 0 skips)
+#   SIM_LEASE       the lease module to simulate (default lease.ts)
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root" || exit 1
+export NO_COLOR=1
+
+deno=node_modules/.bin/deno
+[[ -x "$deno" ]] || deno="$(command -v deno || true)"
+if [[ -z "$deno" ]]; then
+  echo "sim ci: deno: FAILED (no node_modules/.bin/deno and no deno on PATH; run scripts/setup.sh)"
+  exit 1
+fi
+
+seeds="${SIM_CI_SEEDS:-12000}"
+jobs="${SIM_CI_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+mutant_budget="${SIM_CI_MUTANTS:-3000}"
+logs="$(mktemp -d "${TMPDIR:-/tmp}/sim-ci.XXXXXX")"
+trap 'rm -rf "$logs"' EXIT
+failed=0
+
+# 1. The budget, split into contiguous seed ranges.
+start=$SECONDS
+per=$(((seeds + jobs - 1) / jobs))
+pids=()
+for ((j = 0; j < jobs; j++)); do
+  from=$((j * per))
+  n=$((from + per > seeds ? seeds - from : per))
+  ((n > 0)) || continue
+  "$deno" run -A sim/run.ts --from "$from" --seeds "$n" >"$logs/shard$j.log" 2>&1 &
+  pids+=($!)
+done
+bad=0
+for pid in "${pids[@]}"; do wait "$pid" || bad=$((bad + 1)); done
+took=$((SECONDS - start))
+if ((bad == 0)); then
+  echo "sim ci: $seeds histories (seeds 0..$((seeds - 1))) on ${SIM_LEASE:-lease.ts}: PASS ($took s, $jobs jobs)"
+else
+  echo "sim ci: $seeds histories (seeds 0..$((seeds - 1))) on ${SIM_LEASE:-lease.ts}: FAILED ($bad of ${#pids[@]} jobs found violations or crashed; replay with: $deno run -A sim/run.ts --reduce SEED)"
+  for f in "$logs"/shard*.log; do
+    if grep -q "failed" "$f" && ! grep -q " 0 failed" "$f"; then head -n 60 "$f"; fi
+    grep -q "histories" "$f" || tail -n 20 "$f"
+  done
+  failed=$((failed + 1))
+fi
+cat "$logs"/shard*.log | grep '^sim ' || true
+
+# 2. One seed is one history: the same trace twice.
+seed=$(((seeds * 7919) % 100003))
+"$deno" run -A sim/run.ts --trace "$seed" >"$logs/a.txt" 2>&1
+"$deno" run -A sim/run.ts --trace "$seed" >"$logs/b.txt" 2>&1
+if [[ -s "$logs/a.txt" ]] && cmp -s "$logs/a.txt" "$logs/b.txt"; then
+  echo "sim ci: determinism (seed $seed run twice, $(wc -l <"$logs/a.txt") trace lines identical): PASS"
+else
+  echo "sim ci: determinism (seed $seed run twice): FAILED"
+  diff "$logs/a.txt" "$logs/b.txt" | head -n 20
+  failed=$((failed + 1))
+fi
+
+# 3. The checks still bite: every mutant (a known hole put back into
+# lease.ts) is caught, by the property expected, within the budget.
+if ((mutant_budget > 0)); then
+  start=$SECONDS
+  "$deno" run -A sim/run.ts --mutants --seeds "$mutant_budget" >"$logs/mutants.txt" 2>&1
+  while IFS='|' read -r _ hole name expect caught seed hist time _; do
+    hole="${hole// /}"
+    [[ "$hole" =~ ^[0-9]+b?$ ]] || continue
+    name="${name// /}"
+    expect="$(echo "$expect" | sed 's/^ *//; s/ *$//')"
+    caught="${caught// /}"
+    what="mutant $hole ($name)"
+    hist="$(echo "$hist" | sed 's/^ *//; s/ *$//')"
+    if [[ "$expect" == none* ]]; then
+      echo "sim ci: $what is not a simulator matter ${expect#none }: PASS"
+    elif [[ "$caught" =~ ^P[0-9]$ ]]; then
+      echo "sim ci: $what caught by $caught (expected $expect) at seed ${seed// /}, $hist histories: PASS"
+    else
+      echo "sim ci: $what expected to be caught by $expect: FAILED ($hist)"
+      failed=$((failed + 1))
+    fi
+  done <"$logs/mutants.txt"
+  if ! grep -q '^| [0-9]' "$logs/mutants.txt"; then
+    echo "sim ci: mutants: FAILED"
+    tail -n 20 "$logs/mutants.txt"
+    failed=$((failed + 1))
+  fi
+  echo "sim ci: (mutant hunts took $((SECONDS - start)) s)"
+fi
+
+((failed == 0))
