@@ -26,8 +26,13 @@ export interface Mutant {
   readonly description: string;
   /** The property expected to catch it, or `undefined` when none can. */
   readonly expect: string | undefined;
-  /** Why no property of a simulated history can catch it (for `expect: undefined`). */
+  /** Why the simulator is not expected to catch it (for `expect: undefined`). */
   readonly why?: string;
+  /**
+   * The first seed at which `sim/run.ts --mutants` caught it when last run
+   * (a head start for tests; it moves when lease.ts or the simulator does).
+   */
+  readonly seed?: number;
   /** [search, replacement] pairs. */
   readonly edits: readonly (readonly [string, string])[];
 }
@@ -42,6 +47,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "an operator's plain DEL is taken for a clean release (no grace)",
     expect: "P1",
+    seed: 20,
     edits: [[
       `} else if (e.operation === "DEL") kind = tag ? "released" : "removed";`,
       `} else if (e.operation === "DEL") kind = "released";`,
@@ -53,6 +59,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a release inside the releaser's own grace is written as a clean release",
     expect: "P1",
+    seed: 172,
     edits: [[
       "now >= st.notBefore && t !== undefined && now < t.validUntil &&",
       "t !== undefined && now < t.validUntil &&",
@@ -64,6 +71,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a renewal's read-back goes to any replica, and not-found there counts as lost",
     expect: "P4",
+    seed: 10,
     edits: [
       [
         "          at > 0 ? at : undefined,\n          true,\n",
@@ -78,6 +86,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "resuming our own acquire after a lost reply resets the grace to none",
     expect: "P1",
+    seed: 673,
     edits: [[
       "this.#tookOver(st, seen.seq, p.grace, p.sent);",
       "this.#tookOver(st, seen.seq, 0, p.sent);",
@@ -89,6 +98,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "throwIfLost() trusts the signal only, which a paused process's timer aborts late",
     expect: "P3",
+    seed: 54,
     edits: [[
       "    const now = this.#port.now();\n    if (now >= this.#tenure.validUntil) {",
       `    const now = this.#port.now();\n    if (${NEVER}) {`,
@@ -100,6 +110,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a confirmation that arrives after the deadline (a reply held by a pause) is not checked against it, in guard() and in the renewal",
     expect: "P3",
+    seed: 40,
     edits: [
       [
         "    const tenure = st.tenure!;\n    this.#vouch(st, now);\n",
@@ -114,6 +125,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "an acquiring CAS whose reply was lost is not recognised as our own",
     expect: "P5",
+    seed: 58,
     edits: [["        if (p) {", `        if (p && ${NEVER}) {`]],
   },
   {
@@ -121,6 +133,7 @@ export const MUTANTS: readonly Mutant[] = [
     hole: "7",
     description: "close() stops renewing before the writes settle",
     expect: "P6",
+    seed: 877,
     edits: [[
       "    const held = keys.map((st) => st.held || st.pending.length > 0);\n",
       "    const held = keys.map((st) => st.held || st.pending.length > 0);\n    this.#stopped = true;\n    this.#stopRenewals();\n",
@@ -144,6 +157,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a deleted or re-created bucket does not stop the manager (old epochs go on)",
     expect: "P2",
+    seed: 1634,
     edits: [
       [
         "    } catch (err) {\n      if (err instanceof BucketGone) this.#goDefunct(err.message);\n      throw new UnavailableError(st.key, errText(err), { cause: err });",
@@ -162,7 +176,9 @@ export const MUTANTS: readonly Mutant[] = [
     hole: "11",
     description:
       "a renewal that gives up after revisions kept moving schedules no retry",
-    expect: "P6",
+    expect: undefined,
+    why:
+      "no history differs: revisions keep moving only while other writers (an operator's deletes or purges in a burst) churn the key, so the lease is lost either way, and the next guard or the deadline ends the tenure; the retry only makes the manager notice sooner",
     edits: [[
       "    // Revisions kept moving under us: keep trying, the deadline bounds it.\n    this.#retryRenewal(st);\n",
       "    // Revisions kept moving under us: keep trying, the deadline bounds it.\n",
@@ -173,7 +189,9 @@ export const MUTANTS: readonly Mutant[] = [
     hole: "12",
     description:
       "a renewal sent after the deadline carries the old tenure on (no new epoch, no grace)",
-    expect: "P2",
+    expect: undefined,
+    why:
+      "not reached by the random fault model: it is unsafe only when a bucket re-created while the holder was paused reaches the holder's exact revision on its key (otherwise a CAS on our own revision proves nobody wrote since, so carrying on is safe); lease_safety_test.ts checks the new tenure on a real server",
     edits: [["if (sent >= st.tenure!.validUntil) {", `if (${NEVER}) {`]],
   },
 ];
