@@ -227,7 +227,7 @@ export function check(h: History): CheckResult {
         else {
           v(
             "P1",
-            w2.start,
+            c1,
             w1.key,
             `write #${w1.id} of ${w1.mgr} (${w1.kind}, epoch ${w1.epoch}, ${
               w1.start.toFixed(3)

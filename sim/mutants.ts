@@ -145,7 +145,7 @@ export const MUTANTS: readonly Mutant[] = [
     description: "holder() keeps state for every key it reads",
     expect: undefined,
     why:
-      "a memory cost, not a behaviour: no history of the protocol differs (a real-server test counts the state)",
+      "a memory cost, not a behaviour: no history of the protocol differs (only counting the manager's per-key state would show it)",
     edits: [[
       "seen = await this.#read(this.#subject(key), undefined, false);",
       "seen = await this.#read(this.#state(key).subject, undefined, false);",

@@ -8,6 +8,7 @@
  * deno run -A sim/run.ts --reduce 1234            # the failure with fewest faults
  * deno run -A sim/run.ts --lease sim/.mutants/lease_x.ts --seeds 500
  * deno run -A sim/run.ts --mutant 1 --seeds 10000 # a mutant, to its first failure
+ * deno run -A sim/run.ts --mutant 1 --trace 20     # a mutant's history
  * deno run -A sim/run.ts --mutants --seeds 10000  # every mutant: the table
  * ```
  *
@@ -39,14 +40,16 @@ export interface Args {
   lease: string | undefined;
   mutant: string | undefined;
   mutants: boolean;
+  /** With --mutants: do not hunt the mutants no property is expected to catch. */
+  expectedOnly: boolean;
   trace: number | undefined;
   reduce: number | undefined;
   stop: boolean;
   options: SimOptions;
 }
 
-const USAGE =
-  `usage: sim/run.ts [--seeds N] [--from S] [--seconds T] [--lease FILE | --mutant ID | --mutants]
+const USAGE = `usage: sim/run.ts [--seeds N] [--from S] [--seconds T]
+                  [--lease FILE | --mutant ID | --mutants [--expected-only]]
                   [--trace SEED] [--reduce SEED] [--stop] [--blind-kind blind|escape]
                   [--exact-timers P] [--length TTLS]`;
 
@@ -65,6 +68,7 @@ export function parseArgs(argv: readonly string[]): Args {
     lease: undefined,
     mutant: undefined,
     mutants: false,
+    expectedOnly: false,
     trace: undefined,
     reduce: undefined,
     stop: false,
@@ -102,6 +106,9 @@ export function parseArgs(argv: readonly string[]): Args {
         break;
       case "--mutants":
         a.mutants = true;
+        break;
+      case "--expected-only":
+        a.expectedOnly = true;
         break;
       case "--trace":
         a.trace = Math.floor(num(flag, value()));
@@ -422,6 +429,13 @@ async function main(argv: readonly string[]): Promise<number> {
     console.error((err as Error).message);
     return 2;
   }
+  // A mutant with --trace or --reduce is simply the module under test.
+  if (
+    a.mutant !== undefined && (a.trace !== undefined || a.reduce !== undefined)
+  ) {
+    a.lease = writeMutant(findMutant(a.mutant));
+    a.mutant = undefined;
+  }
   if (a.mutants || a.mutant !== undefined) {
     const list = a.mutants ? MUTANTS : [findMutant(a.mutant!)];
     const budget = a.seeds ?? 10_000;
@@ -432,6 +446,12 @@ async function main(argv: readonly string[]): Promise<number> {
     console.log("|---|---|---|---|---|---|---|");
     const real = await loadLease(a.lease);
     for (const m of list) {
+      if (a.expectedOnly && m.expect === undefined) {
+        console.log(
+          `| ${m.hole} | ${m.name} | none (${m.why}) | not hunted | – | – | – |`,
+        );
+        continue;
+      }
       const row = await hunt(m, a.from, budget, a.options, real);
       if (m.expect !== undefined && row.seed === undefined) missed++;
       console.log(

@@ -31,7 +31,7 @@ import {
   type Network,
   SimNode,
 } from "./node.ts";
-import { type Rng, stream } from "./random.ts";
+import { stream } from "./random.ts";
 import { Scheduler } from "./scheduler.ts";
 import { Trace } from "./trace.ts";
 
@@ -159,6 +159,16 @@ export interface HistoryResult {
   readonly commits: number;
   /** Overlapping writes P1 allows because the later one's epoch fences the earlier. */
   readonly fencedOverlaps: number;
+  /**
+   * Liveness episodes (P5): the crash, when the holder's entry went, the next
+   * write's start and P5's limit for it (true time, ms).
+   */
+  readonly takeovers: readonly {
+    crash: number;
+    gone: number | undefined;
+    next: number | undefined;
+    limit: number | undefined;
+  }[];
   readonly trace: Trace;
 }
 
@@ -195,8 +205,6 @@ interface Mgr {
   closing: boolean;
   /** A replacement with its node id was scheduled. */
   replaced: boolean;
-  /** Keys being released now. */
-  releasing: Set<string>;
 }
 
 const DURATIONS = [
@@ -300,7 +308,9 @@ export async function runHistory(
       ? rPause.between(1, ttl / 5)
       : x < 0.8
       ? rPause.between(ttl / 5, ttl)
-      : rPause.between(ttl, 3 * ttl);
+      : x < 0.95
+      ? rPause.between(ttl, 3 * ttl)
+      : rPause.between(3 * ttl, 8 * ttl);
   };
   const kv = new SimKv(sched, trace, "leases", {
     maxAge: ttl,
@@ -415,7 +425,6 @@ export async function runHistory(
       mgr: lib.managerOnPort(node.port, settings(nodeId)),
       closing: false,
       replaced: false,
-      releasing: new Set(),
     };
     mgrs.push(m);
     trace.add(
@@ -618,7 +627,6 @@ export async function runHistory(
           const key = rWork.pick(keys);
           const t0 = sched.now;
           releases.push({ mgr: m.label, key, t: t0 });
-          m.releasing.add(key);
           trace.add(t0, key, m.label, () => `release() called`);
           m.mgr.release(key).then(
             () => trace.add(sched.now, key, m.label, () => `release() done`),
@@ -629,7 +637,7 @@ export async function runHistory(
                 m.label,
                 () => `release() failed: ${err.message}`,
               ),
-          ).finally(() => m.releasing.delete(key));
+          );
         }
         m.node.after(rel, rWork.exp(plan.releaseEvery), "timer");
       };
@@ -759,7 +767,7 @@ export async function runHistory(
           replace(m);
         }
         next();
-      }, { target: undefined });
+      });
     };
     next();
   }
@@ -854,6 +862,14 @@ export async function runHistory(
     writes: writes.length,
     commits: writes.filter((w) => w.committed).length,
     fencedOverlaps: checked.fencedOverlaps,
+    takeovers: episodes.map((ep) => ({
+      crash: ep.t,
+      gone: ep.gone,
+      next: writes.find((w) =>
+        w.key === ep.key && w.mgr !== ep.holder && w.start >= ep.t
+      )?.start,
+      limit: ep.gone === undefined ? undefined : ep.gone + ep.bound,
+    })),
     trace,
   };
 }
@@ -877,5 +893,3 @@ export function tenureWrite(e: Stored, writer: string, epoch: number): boolean {
   }
   return e.seq === epoch || tagEpoch(e.msgId) === epoch;
 }
-
-export type { Rng };
