@@ -735,6 +735,8 @@ interface Pending {
   counter: number;
   grace: number;
   sent: number;
+  /** The manager's highest applied revision when it was sent. */
+  floor: number;
 }
 
 class KeyState {
@@ -1287,7 +1289,15 @@ class Manager implements LeaseManager {
         if (p) {
           // Our own acquiring CAS, whose reply was lost: we hold the key,
           // with the grace we chose when we sent it. (Only this manager
-          // writes with its instance id.)
+          // writes with its instance id.) The same re-creation check as for
+          // an answered write applies.
+          if (seen.seq <= p.floor) {
+            this.#goDefunct(
+              `the bucket '${this.bucket}' was deleted and re-created (revision ${seen.seq} after ${p.floor}), so its epochs restarted`,
+            );
+            throw new UnavailableError(st.key, this.#defunct!);
+          }
+          this.#maxRev = Math.max(this.#maxRev, seen.seq);
           this.#tookOver(st, seen.seq, p.grace, p.sent);
           return;
         }
@@ -1333,7 +1343,8 @@ class Manager implements LeaseManager {
       const msgId = this.#tag(0);
       // Bounded: an attempt forgotten here that lands after all is taken
       // for another process's entry with our node id (safe, only slower).
-      if (st.pending.push({ counter: this.#counter, grace, sent }) > 8) {
+      const floor = this.#maxRev;
+      if (st.pending.push({ counter: this.#counter, grace, sent, floor }) > 8) {
         st.pending.shift();
       }
       let res: WriteResult;
@@ -1416,7 +1427,10 @@ class Manager implements LeaseManager {
    */
   #plan(st: KeyState, at: number): void {
     if (this.#stopped || this.#port.isClosed()) return;
-    const slot = Math.ceil(at / this.#quantum) * this.#quantum;
+    let slot = Math.ceil(at / this.#quantum) * this.#quantum;
+    // Floating point may round the product below `at`; a slot at or
+    // before the one being served would be served again, forever.
+    if (slot < at) slot += this.#quantum;
     // A key planned in several slots acts only in the one it names.
     st.renewSlot = slot;
     const keys = this.#slots.get(slot);
@@ -1439,7 +1453,8 @@ class Manager implements LeaseManager {
     this.#tickAt = Infinity;
     const now = this.#port.now();
     let next = Infinity;
-    for (const [slot, keys] of this.#slots) {
+    // A snapshot: slots planned while serving these wait for the next tick.
+    for (const [slot, keys] of [...this.#slots]) {
       if (slot > now) {
         next = Math.min(next, slot);
         continue;
@@ -1770,6 +1785,7 @@ function natsPort(
         suspect = true;
         return await gone(err);
       }
+      if (suspect) await checkIdentity();
       if (!sm || sm.subject !== subject) return null;
       const op = sm.header?.get("KV-Operation");
       return {
