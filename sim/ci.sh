@@ -9,7 +9,8 @@
 #   SIM_CI_SEEDS    histories in the budget (default 12000, seeds 0..N-1:
 #                   the same histories on every run)
 #   SIM_CI_JOBS     parallel Deno processes (default: the number of CPUs)
-#   SIM_CI_MUTANTS  most histories per mutant hunt (default 3000; 0 skips)
+#   SIM_CI_MUTANTS  most histories per mutant hunt (default 10000, the CI
+#                   budget; 0 skips)
 #   SIM_LEASE       the lease module to simulate (default lease.ts)
 set -uo pipefail
 
@@ -26,7 +27,7 @@ fi
 
 seeds="${SIM_CI_SEEDS:-12000}"
 jobs="${SIM_CI_JOBS:-$(nproc 2>/dev/null || echo 2)}"
-mutant_budget="${SIM_CI_MUTANTS:-3000}"
+mutant_budget="${SIM_CI_MUTANTS:-10000}"
 logs="$(mktemp -d "${TMPDIR:-/tmp}/sim-ci.XXXXXX")"
 trap 'rm -rf "$logs"' EXIT
 failed=0

@@ -432,10 +432,25 @@ export class SimNode implements Target {
             if (r === "gone") return new this.#BucketGone();
             return r === null ? null : toRaw(r);
           },
-        ).catch((err) => {
-          this.#suspect = true;
-          throw err;
-        });
+        ).then(
+          async (entry) => {
+            // As natsPort does: a read after an unanswered request is
+            // trusted only once the stream is the one we started on.
+            if (this.#suspect) {
+              try {
+                await this.#checkIdentity(key, timeout);
+              } catch (err) {
+                if (!(err instanceof this.#BucketGone)) this.#suspect = true;
+                throw err;
+              }
+            }
+            return entry;
+          },
+          (err) => {
+            this.#suspect = true;
+            throw err;
+          },
+        );
       },
       isClosed: () => this.closed,
       closed: () => this.#closedPromise,
