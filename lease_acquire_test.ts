@@ -5,7 +5,7 @@
 // picks the server binary. Each test prints the figures it measured.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
@@ -19,9 +19,19 @@ import {
   type LeaseManagerOptions,
 } from "./mod.ts";
 import { sleep, uniq } from "./test_util/lease_helpers.ts";
-import { NatsServer } from "./test_util/nats_server.ts";
+import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
 
 const TTL = 1000;
+
+const SERVER_VERSION = /v?(\d+\.\d+\.\d+)/.exec(
+  execFileSync(natsServerBinary(), ["--version"], { encoding: "utf8" }),
+)?.[1] ?? "unknown";
+
+/** Subject delete markers on expiry work from 2.11.2 (nats-server#6741). */
+function markersSupported(version: string): boolean {
+  const [a = 0, b = 0, c = 0] = version.split(".").map(Number);
+  return a > 2 || (a === 2 && (b > 11 || (b === 11 && c >= 2)));
+}
 /** Server expiry is 80-250 ms late; the waiters' fallback timer allows 300. */
 const FAILOVER_BOUND = 450;
 
@@ -260,6 +270,77 @@ describe("waiting for a lease", () => {
       await c.exited;
     }
   });
+
+  // Named in the title too: not every runner prints a skip's reason.
+  const noMarkers = markersSupported(SERVER_VERSION)
+    ? undefined
+    : `nats-server ${SERVER_VERSION} has no subject delete markers (2.11.2 or later writes one when an entry expires); the fallback timer test above covers this server`;
+  test(
+    `guard({ wait: true }) on a bucket with subject delete markers is woken by the expiry marker of a SIGKILLed holder${
+      noMarkers ? ` [skipped: ${noMarkers}]` : ""
+    }`,
+    { skip: noMarkers ?? false },
+    async () => {
+      const bucket = uniq("m");
+      await new Kvm(nc).create(bucket, {
+        ttl: TTL,
+        history: 1,
+        markerTTL: 1000,
+      });
+      const c = startChild({
+        NATS_URL: ns.url,
+        LEASE_BUCKET: bucket,
+        LEASE_KEY: "k",
+        LEASE_NODE: "doomed",
+        LEASE_TTL: String(TTL),
+        LEASE_WRITE_MS: "10",
+        LEASE_MODE: "loop",
+      });
+      try {
+        const s = await c.until((e) => e.ev === "start");
+        // The waiter overwrites the marker at once: learn its arrival from
+        // a KV watch (which reports a marker as "PURGE").
+        let markedAt = 0;
+        const kvWatch = await (await new Kvm(nc).open(bucket)).watch({
+          key: "k",
+        });
+        const watching = (async () => {
+          for await (const e of kvWatch) {
+            if (e.operation === "PURGE" && markedAt === 0) {
+              markedAt = performance.now();
+            }
+          }
+        })();
+        const b = await manager({ node: "b", bucket });
+        let wroteAt = 0;
+        const waiting = b.guard("k", (l) => {
+          wroteAt = performance.now();
+          return l.epoch;
+        }, { wait: true });
+        await sleep(300);
+        kill(c.child.pid!);
+        await c.exited;
+        const killedAt = performance.now();
+        await eventually(() => markedAt > 0, 3 * TTL, "the expiry marker");
+        const epoch = await waiting;
+        kvWatch.stop();
+        await watching;
+        const afterMarker = wroteAt - markedAt;
+        report("failover after SIGKILL, woken by the marker (TTL 1000)", {
+          killToMarker: markedAt - killedAt,
+          killToWrite: wroteAt - killedAt,
+          markerToWrite: afterMarker,
+        });
+        assert.ok(epoch > s.epoch!);
+        assert.ok(afterMarker >= TTL - 20, `${afterMarker} ms`);
+        // Woken by the marker itself, not by the fallback timer.
+        assert.ok(afterMarker <= TTL + 100, `${afterMarker} ms`);
+      } finally {
+        kill(c.child.pid!);
+        await c.exited;
+      }
+    },
+  );
 
   test("guard({ wait: true }) rejects with the signal's reason at once when aborted, and never writes", async () => {
     const bucket = uniq("w");
