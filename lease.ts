@@ -79,6 +79,17 @@
  *    earlier, or a key whose revision fell below ours, means the bucket was
  *    re-created and epochs restarted. The manager then stops vouching for
  *    every lease and never re-creates the bucket itself.
+ * 7. **Waiting authorises nothing.** A guard with `wait: true`, a campaign
+ *    and a watch follow a key through one shared watch (an ordered consumer
+ *    on the key's subject), a hint that may lag like any read. What it
+ *    reports only decides when a waiter runs the acquire path of 1-3
+ *    again (a release, a delete, an expiry marker, another node's entry;
+ *    or one TTL plus 300 ms after the holder's last renewal was seen, as
+ *    servers before 2.11 send nothing when an entry expires); a renewal by
+ *    the same holder only moves that timer. A campaign's lease is a
+ *    guard's lease, and a release ends the tenure (its signal aborts)
+ *    before its delete is sent, so a waiter can see the key free only
+ *    after the previous leader was told to stop.
  *
  * @module
  */
@@ -611,7 +622,8 @@ export class UnavailableError extends Error {
 
 // ---------------------------------------------------------------------------
 // The seam. The protocol below talks to the world only through a `Port`: its
-// clock, its timers, and the three server operations it needs. Production
+// clock, its timers, the three server operations it needs, and (optional)
+// a watch of one key's subject. Production
 // passes `natsPort` (nats.js and `performance.now()`/`setTimeout`); the
 // simulator in `sim/` passes a virtual KV and virtual time, and so runs this
 // exact code. Not exported from `mod.ts`.
