@@ -43,9 +43,13 @@ async function conn(url: string): Promise<NatsConnection> {
   });
 }
 
-function report(what: string, figures: Record<string, number>): void {
+/** Prints measured figures: numbers are milliseconds, strings counts. */
+function report(
+  what: string,
+  figures: Record<string, number | string>,
+): void {
   const text = Object.entries(figures).map(([k, v]) =>
-    `${k}=${Math.round(v)} ms`
+    typeof v === "number" ? `${k}=${Math.round(v)} ms` : `${k}=${v}`
   ).join(", ");
   console.log(`  [figures] ${what}: ${text}`);
 }
@@ -342,6 +346,44 @@ describe("waiting for a lease", () => {
     },
   );
 
+  test("guard({ wait: true }) sends no request while the holder renews: renewals only move its fallback timer", async () => {
+    const bucket = uniq("w");
+    const a = await manager({ node: "a", bucket });
+    const b = await manager({ node: "b", bucket });
+    await a.guard("k", () => {});
+    // Every read of the lease (direct or leader get) is a request on one of
+    // these subjects; a waiter woken into the acquire path reads first.
+    let reads = 0;
+    const subs = ["$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.>"].map(
+      (subject) =>
+        nc.subscribe(subject, {
+          callback: (_err, msg) => {
+            if (msg.subject.includes(`KV_${bucket}`)) reads++;
+          },
+        }),
+    );
+    await nc.flush();
+    const waiting = b.guard("k", () => {}, { wait: true });
+    await sleep(300); // refused, watching
+    const before = reads;
+    let renewals = 0;
+    const end = performance.now() + 2 * TTL;
+    while (performance.now() < end) {
+      await a.guard("k", () => sleep(10)); // each guard is a renewal CAS
+      renewals++;
+    }
+    const during = reads - before;
+    await a.release("k");
+    await waiting;
+    subs.forEach((sub) => sub.unsubscribe());
+    report("waiter requests while the holder renewed", {
+      renewals: String(renewals),
+      readsByWaiter: String(during),
+    });
+    assert.ok(renewals > 20);
+    assert.equal(during, 0);
+  });
+
   test("guard({ wait: true }) rejects with the signal's reason at once when aborted, and never writes", async () => {
     const bucket = uniq("w");
     const a = await manager({ node: "a", bucket });
@@ -429,7 +471,10 @@ describe("waiting for a lease", () => {
     await a.release("k");
     await Promise.all(waiters);
     await eventually(() => led.length === 1, 2000, "the campaign to lead");
-    report("consumers on the stream", { during, two });
+    report("consumers on the stream", {
+      oneKey: String(during),
+      twoKeys: String(two),
+    });
     assert.equal(during, 1);
     assert.equal(two, 2);
     assert.equal(order.length, 20);
