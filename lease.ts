@@ -88,6 +88,17 @@
  *    bucket was deleted and re-created and the new bucket reached its
  *    revision. Deleting the bucket under live holders is outside the
  *    guarantee (see Assumptions): the successor finds no trace of them.
+ * 8. **Waiting authorises nothing.** A guard with `wait: true`, a campaign
+ *    and a watch follow a key through one shared watch (an ordered consumer
+ *    on the key's subject), a hint that may lag like any read. What it
+ *    reports only decides when a waiter runs the acquire path of 1-3
+ *    again (a release, a delete, an expiry marker, another node's entry;
+ *    or one TTL plus 300 ms after the holder's last renewal was seen, as
+ *    servers before 2.11 send nothing when an entry expires); a renewal by
+ *    the same holder only moves that timer. A campaign's lease is a
+ *    guard's lease, and a release ends the tenure (its signal aborts)
+ *    before its delete is sent, so a waiter can see the key free only
+ *    after the previous leader was told to stop.
  *
  * @module
  */
@@ -100,6 +111,9 @@ import {
   type NatsConnection,
 } from "@nats-io/nats-core";
 import {
+  type Consumer,
+  type ConsumerMessages,
+  DeliverPolicy,
   jetstream,
   JetStreamApiError,
   type JetStreamClient,
@@ -288,6 +302,35 @@ export interface GuardOptions {
    * @default {undefined}
    */
   signal?: AbortSignal;
+  /**
+   * Wait until this node holds the key and any failover grace is over, then
+   * write, instead of rejecting with {@linkcode NotHolderError}. A waiting
+   * guard retries the ordinary acquire path (read, compare-and-set, grace)
+   * when the key's watch reports a change that may let it in (a release, a
+   * delete, an expiry, another node's entry), when the holder's entry is
+   * due to have expired (one TTL plus 300 ms after its last renewal was
+   * seen: servers before 2.11 send no message when an entry expires), at
+   * the end of the grace, or after an {@linkcode UnavailableError} (backing
+   * off from 50 ms to TTL/3). Waiting decides only when to try again;
+   * nothing but a successful compare-and-set lets the write run.
+   *
+   * The wait ends when `signal` aborts (the guard rejects with its reason,
+   * having written nothing), when the manager closes (the guard rejects as
+   * any guard after close does), or when the bucket is gone or the
+   * connection closed for good (it rejects with that
+   * {@linkcode UnavailableError}). Waiters of one key share one watch.
+   * @default {false}
+   */
+  wait?: boolean;
+}
+
+/** Options of {@linkcode LeaseManager.campaign} and {@linkcode LeaseManager.watch}. */
+export interface WatchOptions {
+  /**
+   * Aborting it ends the iteration (it returns; it does not throw).
+   * @default {undefined}
+   */
+  signal?: AbortSignal;
 }
 
 /** What {@linkcode LeaseManager.close} did with the keys it held. */
@@ -303,7 +346,25 @@ export interface CloseResult {
   readonly unreleased: readonly string[];
 }
 
-/** A lease manager, made by {@linkcode createLeaseManager}. */
+/**
+ * A lease manager, made by {@linkcode createLeaseManager}.
+ *
+ * - {@linkcode LeaseManager.guard} runs a write under the lease of a key,
+ *   or refuses it; with `wait: true` it waits its turn instead.
+ * - {@linkcode LeaseManager.campaign} elects a leader: a lease per tenure.
+ * - {@linkcode LeaseManager.holder} and {@linkcode LeaseManager.watch} tell
+ *   who holds a key, once or as it changes (hints, to route by).
+ * - {@linkcode LeaseManager.release} and {@linkcode LeaseManager.close}
+ *   hand keys on at once.
+ *
+ * @example Wait for a key, then elect a leader on another
+ * ```ts ignore
+ * await leases.guard("orders", write, { wait: true, signal });
+ * for await (const lease of leases.campaign("scheduler", { signal })) {
+ *   await lead(lease); // until lease.signal aborts
+ * }
+ * ```
+ */
 export interface LeaseManager extends AsyncDisposable {
   /** This process's node id. */
   readonly node: string;
@@ -324,11 +385,12 @@ export interface LeaseManager extends AsyncDisposable {
    * @typeParam T What `write` returns.
    * @param key The store key: ASCII letters, digits, `-`, `_`, `/`, `=` and non-empty `.`-separated tokens.
    * @param write The write; it gets the {@linkcode Lease} with the fencing epoch, deadline and loss signal.
-   * @param options A signal to stop waiting.
+   * @param options A signal to stop waiting, and `wait` to wait for the key instead of being refused.
    * @returns What `write` returns; what it throws is rethrown unchanged, and the lease stays held.
-   * @throws {NotHolderError} Another node holds the key, or the grace after a takeover is running; `write` was not called.
-   * @throws {UnavailableError} The server could not be reached, answered too late, or the bucket is gone; `write` was not called.
-   * @throws {TypeError} The key is invalid, `write` is not a function, or the manager is closed.
+   * @throws {NotHolderError} Another node holds the key, or the grace after a takeover is running; `write` was not called. Never with `wait: true`.
+   * @throws {UnavailableError} The server could not be reached, answered too late, or the bucket is gone; `write` was not called. With `wait: true`, only when the bucket is gone or the connection closed for good.
+   * @throws {TypeError} The key is invalid, `write` is not a function, `wait` is not a boolean, or the manager is closed (also while waiting).
+   * @throws {unknown} With `wait: true`, the reason of `options.signal` when it aborts before the write started.
    *
    * @example Guard a write
    * ```ts ignore
@@ -337,6 +399,8 @@ export interface LeaseManager extends AsyncDisposable {
    *   lease.throwIfLost(); // right before the commit point
    *   return store.append(lease.epoch, record);
    * });
+   * // Or wait (at most a minute) for the node that holds the key to let go:
+   * await leases.guard("orders", write, { wait: true, signal: AbortSignal.timeout(60_000) });
    * ```
    */
   guard<T>(
@@ -397,7 +461,73 @@ export interface LeaseManager extends AsyncDisposable {
    */
   release(key: string): Promise<void>;
   /**
-   * Shuts down: new guards reject at once; in-flight writes settle (their
+   * Leader election on `key`: yields a {@linkcode Lease} each time this node
+   * becomes the holder and any failover grace is over, then waits until
+   * that lease's `signal` aborts (the tenure ended: lost, not renewed in
+   * time, or released) and campaigns again. Each tenure is won by the
+   * ordinary acquire path (read, compare-and-set, grace), as a guard with
+   * `wait: true` wins it, so a yielded lease has a greater epoch than any
+   * earlier holder's.
+   *
+   * The lease is renewed in the background while the campaign leads
+   * (`idleRelease` does not apply); the leader's work runs outside a
+   * guarded write, so check `signal` or `throwIfLost()` before each step
+   * and fence what it writes with the epoch. Ends (returns) when
+   * `options.signal` aborts or the manager closes; leaving the loop
+   * (`break`, a throw, or the signal) releases the key as
+   * {@linkcode LeaseManager.release} does, also for other guards of this
+   * manager on the key. Iterations of one key share one watch with that
+   * key's waiting guards and watch iterators.
+   *
+   * @param key The store key.
+   * @param options A signal that ends the campaign.
+   * @returns The tenures won, as leases, one at a time.
+   * @throws {TypeError} The key is invalid or the manager is closed.
+   * @throws {UnavailableError} While iterating: the bucket is gone or the connection closed for good.
+   *
+   * @example Run a singleton job on whichever node leads
+   * ```ts ignore
+   * for await (const lease of leases.campaign("scheduler", { signal })) {
+   *   while (!lease.signal.aborted) {
+   *     lease.throwIfLost();
+   *     await runOnce(lease.epoch);
+   *   }
+   * }
+   * ```
+   */
+  campaign(key: string, options?: WatchOptions): AsyncIterable<Lease>;
+  /**
+   * Follows who holds `key`: yields the current holder (`null` when nobody
+   * holds it), then every change in order, with its epoch: a new holder, a
+   * release, a delete, an expiry. Renewals by the same holder yield
+   * nothing. A hint, like {@linkcode LeaseManager.holder}: it comes from a
+   * watch that may lag (a replica behind the stream leader, a reconnect),
+   * so route by it but never let it authorise a write. Changes between two
+   * reads may be missed when the consumer falls behind, but never reordered.
+   * Servers before 2.11 (or buckets without subject delete markers) send no
+   * message when an entry expires: the `null` then comes from a read one
+   * TTL plus 300 ms after the holder's last renewal was seen.
+   *
+   * Ends (returns) when `options.signal` aborts, the manager closes, or the
+   * connection closes for good. Iterators of one key share one watch.
+   *
+   * @param key The store key.
+   * @param options A signal that ends the iteration.
+   * @returns The holder, then each change of holder.
+   * @throws {TypeError} The key is invalid or the manager is closed.
+   *
+   * @example Route writes to the holder
+   * ```ts ignore
+   * for await (const holder of leases.watch("orders", { signal })) {
+   *   router.set("orders", holder?.node ?? null);
+   * }
+   * ```
+   */
+  watch(key: string, options?: WatchOptions): AsyncIterable<Holder | null>;
+  /**
+   * Shuts down: new guards reject at once, waiting guards reject, campaigns
+   * and watch iterators end, and every watch is stopped (its server
+   * consumer deleted); in-flight writes settle (their
    * leases renewed meanwhile, at most `settleTimeout`); then each held lease
    * is released as {@linkcode LeaseManager.release} does, each attempt
    * bounded by the request timeout. Safe to call twice.
@@ -501,7 +631,8 @@ export class UnavailableError extends Error {
 
 // ---------------------------------------------------------------------------
 // The seam. The protocol below talks to the world only through a `Port`: its
-// clock, its timers, and the three server operations it needs. Production
+// clock, its timers, the three server operations it needs, and (optional)
+// a watch of one key's subject. Production
 // passes `natsPort` (nats.js and `performance.now()`/`setTimeout`); the
 // simulator in `sim/` passes a virtual KV and virtual time, and so runs this
 // exact code. Not exported from `mod.ts`.
@@ -581,6 +712,26 @@ export interface Port {
     query: { readonly seq?: number; readonly leader: boolean },
     timeout: number,
   ): Promise<RawEntry | null>;
+  /**
+   * Watches one subject: calls `onEntry` with its current last entry
+   * (`null` when there is none), then with every later message on it, in
+   * stream order and each at most once (with its headers, as
+   * {@linkcode Port.read} gives them). It may skip messages that a later one
+   * replaced before they could be delivered, and after a reconnect it
+   * resumes with the subject's last entry. Never rejects: while the server
+   * cannot be reached it delivers nothing and keeps trying. An expiry with
+   * no subject delete marker delivers nothing (the manager's timers cover
+   * it). `stop()` ends the watch and resolves once what it opened on the
+   * server is gone (or could not be removed in time); no call follows it.
+   *
+   * Optional: without it, the manager reads the key every TTL/3 while
+   * someone waits for it or watches it, and treats what it reads as the
+   * watch's messages.
+   */
+  watch?(
+    subject: string,
+    onEntry: (e: RawEntry | null) => void,
+  ): { stop(): Promise<void> };
   /** Whether the connection is closed for good. */
   isClosed(): boolean;
   /** Settles when the connection closes for good. */
@@ -783,6 +934,54 @@ class KeyState {
 }
 
 /**
+ * How late, at most, the server's expiry of an entry is taken to be: it
+ * expires entries 80-250 ms after their max age (measured on 2.9.10 and
+ * 2.15.2), and an expiry without a subject delete marker sends no message.
+ */
+const EXPIRY_MARGIN = 300;
+
+/** The first pause after an UnavailableError of a waiting guard; it doubles to TTL/3. */
+const FIRST_BACKOFF = 50;
+
+/** News of a key for a watch iterator: `undefined` when the watch ended. */
+type Listener = (seen: Seen | null | undefined) => void;
+
+/**
+ * One watch of one key, shared by every waiting guard, campaign and watch
+ * iterator of the key, and stopped when the last of them leaves. It only
+ * decides when a waiter tries the acquire path again; it authorises
+ * nothing (a watch is a read, and may lag).
+ */
+class KeyWatch {
+  readonly key: string;
+  readonly subject: string;
+  /** Waiting guards, campaigns and watch iterators using it. */
+  users = 0;
+  handle: { stop(): Promise<void> } | undefined;
+  stopped = false;
+  /** The last news: `undefined` before the first. */
+  seen: Seen | null | undefined;
+  /** When `seen` came, or was last renewed by the same holder. */
+  seenAt = 0;
+  /** The highest revision seen: older news (a lagging read) is dropped. */
+  lastSeq = 0;
+  /** Counts the news that may let a waiter in. */
+  wakes = 0;
+  /** Waiting guards to wake on such news (or the fallback timer). */
+  readonly waiters: Set<() => void> = new Set();
+  readonly listeners: Set<Listener> = new Set();
+  /** The fallback (and, without `Port.watch`, polling) timer. */
+  timer: unknown;
+  /** A fallback read is running. */
+  reading = false;
+
+  constructor(key: string, subject: string) {
+    this.key = key;
+    this.subject = subject;
+  }
+}
+
+/**
  * What the protocol core needs besides its {@linkcode Port}: the resolved
  * options. `createLeaseManager` makes these; the simulator makes its own.
  */
@@ -852,6 +1051,18 @@ class HeldLease implements Lease {
     return this.#tenure.validUntil;
   }
 
+  /** The same lease, whose signal also aborts when `signal` does. */
+  following(signal: AbortSignal | undefined): HeldLease {
+    if (!signal) return this;
+    return new HeldLease(
+      this.key,
+      this.node,
+      this.#tenure,
+      AbortSignal.any([this.signal, signal]),
+      this.#port,
+    );
+  }
+
   throwIfLost(): void {
     if (this.signal.aborted) throw this.signal.reason;
     const now = this.#port.now();
@@ -907,6 +1118,12 @@ class Manager implements LeaseManager {
   #stopped = false;
   readonly #signal: AbortSignal | undefined;
   readonly #onAbort = () => void this.close();
+  /** One watch per key, while anyone waits for or watches the key. */
+  readonly #watches = new Map<string, KeyWatch>();
+  /** Aborted by close(): ends every wait, campaign and watch iterator. */
+  readonly #closeCtl = new AbortController();
+  /** Keys a campaign leads: `idleRelease` leaves them alone. */
+  readonly #leading = new Map<string, number>();
 
   constructor(port: Port, o: ManagerSettings) {
     this.#port = port;
@@ -944,20 +1161,48 @@ class Manager implements LeaseManager {
     return `lease:${this.#instance}:${epoch}:${++this.#counter}`;
   }
 
-  async guard<T>(
+  guard<T>(
     key: string,
     write: (lease: Lease) => T | Promise<T>,
     options?: GuardOptions,
   ): Promise<T> {
-    checkKey("guard a write", key);
-    if (typeof write !== "function") {
-      throw new TypeError(
-        `Cannot guard a write on '${key}' as 'write' must be a function: received ${
-          describe(write)
-        }`,
-      );
+    try {
+      checkKey("guard a write", key);
+      if (typeof write !== "function") {
+        throw new TypeError(
+          `Cannot guard a write on '${key}' as 'write' must be a function: received ${
+            describe(write)
+          }`,
+        );
+      }
+      const wait = options?.wait;
+      if (wait !== undefined && typeof wait !== "boolean") {
+        throw new TypeError(
+          `Cannot guard a write on '${key}' as 'wait' must be a boolean: received ${
+            describe(wait)
+          }`,
+        );
+      }
+      const signal = options?.signal;
+      return wait
+        ? this.#guardWait(key, write, signal, true)
+        : this.#guardOnce(key, write, signal, true);
+    } catch (err) {
+      return Promise.reject(err);
     }
-    const signal = options?.signal;
+  }
+
+  /**
+   * One attempt of a guard: the acquire or renewal path, then the write.
+   * With `follow`, the lease's signal also follows the caller's signal for
+   * the length of the write.
+   */
+  async #guardOnce<T>(
+    key: string,
+    write: (lease: Lease) => T | Promise<T>,
+    signal: AbortSignal | undefined,
+    follow: boolean,
+  ): Promise<T> {
     if (signal?.aborted) throw abortReason(signal);
     this.#checkOpen("guard a write", key);
     let st: KeyState;
@@ -999,7 +1244,7 @@ class Manager implements LeaseManager {
     const tenureSignal = tenure.controller.signal;
     let leaseSignal = tenureSignal;
     let unfollow: (() => void) | undefined;
-    if (signal) {
+    if (signal && follow) {
       const follow = new AbortController();
       const onTenure = () => follow.abort(tenureSignal.reason);
       const onCaller = () => follow.abort(signal.reason);
@@ -1047,6 +1292,353 @@ class Manager implements LeaseManager {
     }
     if (!seen || seen.kind !== "put") return null;
     return { node: seen.node, epoch: seen.epoch };
+  }
+
+  /**
+   * A guard that waits its turn: tries the ordinary guard path, and on a
+   * refusal waits (for the grace, for news of the key, or a backoff) and
+   * tries again. Waiting only decides when the acquire path (read, CAS,
+   * grace) runs again; nothing here lets a write run without it.
+   */
+  async #guardWait<T>(
+    key: string,
+    write: (lease: Lease) => T | Promise<T>,
+    signal: AbortSignal | undefined,
+    follow: boolean,
+  ): Promise<T> {
+    let kw: KeyWatch | undefined;
+    let backoff = FIRST_BACKOFF;
+    try {
+      for (;;) {
+        const mark = kw?.wakes;
+        let started = false;
+        try {
+          return await this.#guardOnce(
+            key,
+            (lease) => {
+              started = true;
+              return write(lease);
+            },
+            signal,
+            follow,
+          );
+        } catch (err) {
+          // What the write threw is the caller's, and is never retried.
+          if (started) throw err;
+          if (signal?.aborted) throw abortReason(signal);
+          if (
+            !(err instanceof NotHolderError || err instanceof UnavailableError)
+          ) throw err;
+          // A bucket that is gone, or a connection closed for good, never
+          // comes back: waiting would never end.
+          if (
+            err instanceof UnavailableError &&
+            (this.#defunct !== undefined || this.#port.isClosed())
+          ) throw err;
+          this.#checkOpen("guard a write", key);
+          if (err instanceof NotHolderError && err.retryAfter !== undefined) {
+            backoff = FIRST_BACKOFF;
+            await this.#pause(err.retryAfter, signal);
+          } else if (err instanceof NotHolderError) {
+            backoff = FIRST_BACKOFF;
+            kw ??= this.#watchKey(key);
+            // News that came while we tried may already have let us in.
+            if (mark === undefined || kw.wakes === mark) {
+              await this.#awaitWake(kw, signal);
+            }
+          } else {
+            await this.#pause(backoff, signal);
+            backoff = Math.min(backoff * 2, this.ttl / 3);
+          }
+        }
+      }
+    } finally {
+      if (kw) this.#unwatch(kw);
+    }
+  }
+
+  /** Resolves after `ms`, or at close(); rejects when `signal` aborts. */
+  #pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
+    return this.#until(signal, (done) => {
+      const timer = this.#port.setTimer(done, ms);
+      return () => this.#port.clearTimer(timer);
+    });
+  }
+
+  /** Resolves at news of `kw` that may let a waiter in, or at close(). */
+  #awaitWake(kw: KeyWatch, signal: AbortSignal | undefined): Promise<void> {
+    return this.#until(signal, (done) => {
+      if (kw.stopped) {
+        done();
+        return () => {};
+      }
+      kw.waiters.add(done);
+      this.#armWatch(kw);
+      return () => kw.waiters.delete(done);
+    });
+  }
+
+  /**
+   * Resolves when `start` calls its `done`, or at close(); rejects with the
+   * reason when `signal` aborts. `start` returns its own cleanup.
+   */
+  #until(
+    signal: AbortSignal | undefined,
+    start: (done: () => void) => () => void,
+  ): Promise<void> {
+    if (signal?.aborted) return Promise.reject(abortReason(signal));
+    return new Promise<void>((resolve, reject) => {
+      const closing = this.#closeCtl.signal;
+      let stop = (): unknown => undefined;
+      const cleanup = () => {
+        stop();
+        signal?.removeEventListener("abort", onAbort);
+        closing.removeEventListener("abort", done);
+      };
+      const done = () => {
+        cleanup();
+        resolve();
+      };
+      const onAbort = () => {
+        cleanup();
+        reject(abortReason(signal!));
+      };
+      if (closing.aborted) return resolve();
+      signal?.addEventListener("abort", onAbort, { once: true });
+      closing.addEventListener("abort", done, { once: true });
+      stop = start(done);
+    });
+  }
+
+  campaign(key: string, options?: WatchOptions): AsyncIterable<Lease> {
+    checkKey("campaign", key);
+    this.#checkOpen("campaign", key);
+    return this.#campaign(key, options?.signal);
+  }
+
+  async *#campaign(
+    key: string,
+    signal: AbortSignal | undefined,
+  ): AsyncGenerator<Lease, void, undefined> {
+    if (signal?.aborted || this.#closing) return;
+    const kw = this.#watchKey(key);
+    let led = false;
+    try {
+      for (;;) {
+        let lease: Lease;
+        try {
+          // The lease follows its tenure and the campaign's signal for as
+          // long as it lives, not only for the (empty) write.
+          lease = await this.#guardWait(
+            key,
+            (l) => (l as HeldLease).following(signal),
+            signal,
+            false,
+          );
+        } catch (err) {
+          if (signal?.aborted || this.#closing) return;
+          throw err;
+        }
+        led = true;
+        this.#leading.set(key, (this.#leading.get(key) ?? 0) + 1);
+        try {
+          yield lease;
+          await this.#until(signal, (done) => {
+            const ls = lease.signal;
+            if (ls.aborted) {
+              done();
+              return () => {};
+            }
+            ls.addEventListener("abort", done, { once: true });
+            return () => ls.removeEventListener("abort", done);
+          }).catch(() => {});
+        } finally {
+          const n = (this.#leading.get(key) ?? 1) - 1;
+          if (n > 0) this.#leading.set(key, n);
+          else this.#leading.delete(key);
+        }
+        if (signal?.aborted || this.#closing) return;
+      }
+    } finally {
+      this.#unwatch(kw);
+      // close() releases every key itself.
+      if (led && !this.#closing) await this.release(key);
+    }
+  }
+
+  watch(key: string, options?: WatchOptions): AsyncIterable<Holder | null> {
+    checkKey("watch a lease", key);
+    this.#checkOpen("watch a lease", key);
+    return this.#watchHolders(key, options?.signal);
+  }
+
+  async *#watchHolders(
+    key: string,
+    signal: AbortSignal | undefined,
+  ): AsyncGenerator<Holder | null, void, undefined> {
+    if (signal?.aborted || this.#closing) return;
+    const kw = this.#watchKey(key);
+    const queue: (Holder | null)[] = [];
+    let last: Holder | null | undefined;
+    let notify: (() => void) | undefined;
+    const listener: Listener = (seen) => {
+      if (seen !== undefined) {
+        const h = seen?.kind === "put"
+          ? { node: seen.node, epoch: seen.epoch }
+          : null;
+        // A renewal by the same holder is no news.
+        const same = last !== undefined &&
+          (h === null || last === null
+            ? h === last
+            : h.node === last.node && h.epoch === last.epoch);
+        if (same) return;
+        last = h;
+        queue.push(h);
+      }
+      notify?.();
+    };
+    const wake = () => notify?.();
+    kw.listeners.add(listener);
+    signal?.addEventListener("abort", wake);
+    this.#closeCtl.signal.addEventListener("abort", wake);
+    if (kw.seen !== undefined) listener(kw.seen);
+    this.#armWatch(kw);
+    try {
+      for (;;) {
+        if (signal?.aborted || kw.stopped || this.#closing) return;
+        const h = queue.shift();
+        if (h !== undefined) {
+          yield h;
+          continue;
+        }
+        await new Promise<void>((r) => notify = r);
+        notify = undefined;
+      }
+    } finally {
+      kw.listeners.delete(listener);
+      signal?.removeEventListener("abort", wake);
+      this.#closeCtl.signal.removeEventListener("abort", wake);
+      this.#unwatch(kw);
+    }
+  }
+
+  /** The key's watch, started by its first user. */
+  #watchKey(key: string): KeyWatch {
+    let kw = this.#watches.get(key);
+    if (!kw) {
+      const w = kw = new KeyWatch(key, this.#subject(key));
+      this.#watches.set(key, w);
+      if (this.#port.watch) {
+        w.handle = this.#port.watch(
+          w.subject,
+          (e) => this.#onNews(w, e === null ? null : toSeen(e)),
+        );
+      }
+      this.#armWatch(w);
+    }
+    kw.users++;
+    return kw;
+  }
+
+  #unwatch(kw: KeyWatch): void {
+    if (--kw.users > 0 || kw.stopped) return;
+    void this.#endWatch(kw);
+  }
+
+  /** Stops `kw` for good; resolves when what it opened is removed. */
+  #endWatch(kw: KeyWatch): Promise<void> {
+    if (kw.stopped) return Promise.resolve();
+    kw.stopped = true;
+    if (this.#watches.get(kw.key) === kw) this.#watches.delete(kw.key);
+    this.#port.clearTimer(kw.timer);
+    kw.timer = undefined;
+    this.#wake(kw);
+    for (const l of [...kw.listeners]) l(undefined);
+    const stopped = kw.handle?.stop() ?? Promise.resolve();
+    kw.handle = undefined;
+    return stopped.catch(() => {});
+  }
+
+  /**
+   * News of a key: from the port's watch, or from a fallback read. Wakes
+   * the waiters unless it is a renewal by the holder already seen (or the
+   * first news, naming another node's entry, when the waiters were just
+   * refused by it).
+   */
+  #onNews(kw: KeyWatch, seen: Seen | null): void {
+    if (kw.stopped) return;
+    const prev = kw.seen;
+    if (seen !== null) {
+      if (seen.seq <= kw.lastSeq) return;
+      kw.lastSeq = seen.seq;
+    } else if (prev === null) return;
+    kw.seen = seen;
+    kw.seenAt = this.#port.now();
+    const renewal = seen?.kind === "put" &&
+      (prev === undefined
+        ? seen.node !== this.node
+        : prev?.kind === "put" && prev.node === seen.node);
+    for (const l of [...kw.listeners]) l(seen);
+    // A renewal only moves the fallback timer.
+    if (!renewal) this.#wake(kw);
+    this.#armWatch(kw);
+  }
+
+  #wake(kw: KeyWatch): void {
+    kw.wakes++;
+    for (const w of [...kw.waiters]) w();
+  }
+
+  /**
+   * (Re)arms the fallback timer of `kw`: at the last news of a holder's
+   * entry plus one TTL plus the server's lateness, when an expiry without
+   * a marker is due (and then every TTL/10 while the entry stays); every
+   * TTL/10 while waiters wait though the watch shows no holder (a reader
+   * lagging behind the watch); every TTL/3 without `Port.watch` or before
+   * the watch's first news.
+   */
+  #armWatch(kw: KeyWatch): void {
+    this.#port.clearTimer(kw.timer);
+    kw.timer = undefined;
+    if (kw.stopped || kw.reading || this.#stopped) return;
+    const now = this.#port.now();
+    let at: number;
+    if (!this.#port.watch || kw.seen === undefined) at = now + this.ttl / 3;
+    else if (kw.seen?.kind === "put") {
+      at = Math.max(kw.seenAt + this.ttl + EXPIRY_MARGIN, now + this.ttl / 10);
+    } else if (kw.waiters.size > 0) at = now + this.ttl / 10;
+    else return;
+    kw.timer = this.#port.setTimer(() => void this.#onWatchTimer(kw), at - now);
+  }
+
+  /**
+   * The fallback: reads the key, as news; if that brings none, wakes the
+   * waiters anyway when the entry is overdue (a replica late to expire is
+   * left to the acquire path's own rule) or the watch shows no holder.
+   */
+  async #onWatchTimer(kw: KeyWatch): Promise<void> {
+    kw.timer = undefined;
+    if (kw.stopped) return;
+    const before = kw.wakes;
+    let ok = true;
+    kw.reading = true;
+    try {
+      const seen = await this.#read(kw.subject, undefined, false);
+      kw.reading = false;
+      this.#onNews(kw, seen);
+    } catch {
+      ok = false;
+    } finally {
+      kw.reading = false;
+    }
+    if (kw.stopped) return;
+    if (kw.wakes === before) {
+      const s = kw.seen;
+      const overdue = s?.kind !== "put" ||
+        this.#port.now() >= kw.seenAt + this.ttl + EXPIRY_MARGIN;
+      if (!ok || overdue) this.#wake(kw);
+    }
+    this.#armWatch(kw);
   }
 
   /** The key's state for a guard: after any release of it has finished. */
@@ -1478,7 +2070,7 @@ class Manager implements LeaseManager {
     this.#vouch(st, now);
     if (
       this.#idleRelease !== undefined && !st.releasing && st.writes === 0 &&
-      now - st.lastUse >= this.#idleRelease
+      !this.#leading.has(st.key) && now - st.lastUse >= this.#idleRelease
     ) {
       void this.#giveUp(st, now);
       return;
@@ -1546,6 +2138,9 @@ class Manager implements LeaseManager {
 
   #connectionClosed(): void {
     this.#goDefunct("the NATS connection is closed");
+    // Nothing can come back over a closed connection: end every watch (its
+    // waiters then find the manager defunct, its iterators end).
+    for (const kw of [...this.#watches.values()]) void this.#endWatch(kw);
   }
 
   release(key: string): Promise<void> {
@@ -1591,6 +2186,17 @@ class Manager implements LeaseManager {
     const clean = st.held && !st.busy && st.writes === 0 &&
       now >= st.notBefore && t !== undefined && now < t.validUntil &&
       !this.#defunct && !this.#port.isClosed();
+    // The tenure ends before the delete is sent: once a successor can see
+    // the key free, this node's lease signal has aborted.
+    t?.end(
+      new NotHolderError(
+        st.key,
+        undefined,
+        undefined,
+        `Lease on '${st.key}' was released`,
+      ),
+      this.#port.now(),
+    );
     let released = false;
     if (clean) {
       st.busy = true;
@@ -1606,15 +2212,6 @@ class Manager implements LeaseManager {
       }
     }
     st.held = false;
-    t?.end(
-      new NotHolderError(
-        st.key,
-        undefined,
-        undefined,
-        `Lease on '${st.key}' was released`,
-      ),
-      this.#port.now(),
-    );
     return released;
   }
 
@@ -1631,7 +2228,10 @@ class Manager implements LeaseManager {
   }
 
   close(): Promise<CloseResult> {
-    this.#closing ??= this.#shutdown();
+    if (!this.#closing) {
+      this.#closing = this.#shutdown();
+      this.#closeCtl.abort();
+    }
     return this.#closing;
   }
 
@@ -1641,6 +2241,11 @@ class Manager implements LeaseManager {
 
   async #shutdown(): Promise<CloseResult> {
     this.#signal?.removeEventListener("abort", this.#onAbort);
+    // Waiting guards, campaigns and watch iterators end now; what the
+    // watches opened on the server is removed while the keys settle.
+    const unwatched = Promise.all(
+      [...this.#watches.values()].map((kw) => this.#endWatch(kw)),
+    );
     const settleBy = this.#port.now() + this.#settleTimeout;
     const keys = [...this.#keys.values()];
     const held = keys.map((st) => st.held || st.pending.length > 0);
@@ -1651,6 +2256,7 @@ class Manager implements LeaseManager {
     this.#stopRenewals();
     for (const st of keys) this.#clearExpiry(st);
     this.#keys.clear();
+    await this.#waitFor(unwatched, this.#timeout);
     const released: string[] = [];
     const unreleased: string[] = [];
     keys.forEach((st, i) => {
@@ -1770,34 +2376,139 @@ function natsPort(
         return await gone(err);
       }
     },
-    async read(subject, query) {
-      const q = query.seq === undefined
-        ? { last_by_subj: subject }
-        : { seq: query.seq };
-      let sm: StoredMsg | null;
-      try {
-        // A Direct Get may be answered by any replica, which may lag; the
-        // MSG.GET API is answered by the stream leader only.
-        sm = direct && !query.leader
-          ? await jsm.direct.getMessage(stream, q)
-          : await jsm.streams.getMessage(stream, q);
-      } catch (err) {
-        suspect = true;
-        return await gone(err);
-      }
-      if (suspect) await checkIdentity();
-      if (!sm || sm.subject !== subject) return null;
-      const op = sm.header?.get("KV-Operation");
-      return {
-        seq: sm.seq,
-        operation: op === "DEL" || op === "PURGE" ? op : undefined,
-        marker: sm.header?.get("Nats-Marker-Reason") || undefined,
-        msgId: sm.header?.get("Nats-Msg-Id") || undefined,
-        value: decoder.decode(sm.data),
-      };
+    read,
+    watch(subject, onEntry) {
+      return watchSubject(nc, js, stream, subject, read, onEntry);
     },
     isClosed: () => nc.isClosed(),
     closed: () => nc.closed(),
+  };
+
+  async function read(
+    subject: string,
+    query: { readonly seq?: number; readonly leader: boolean },
+  ): Promise<RawEntry | null> {
+    const q = query.seq === undefined
+      ? { last_by_subj: subject }
+      : { seq: query.seq };
+    let sm: StoredMsg | null;
+    try {
+      // A Direct Get may be answered by any replica, which may lag; the
+      // MSG.GET API is answered by the stream leader only.
+      sm = direct && !query.leader
+        ? await jsm.direct.getMessage(stream, q)
+        : await jsm.streams.getMessage(stream, q);
+    } catch (err) {
+      suspect = true;
+      return await gone(err);
+    }
+    if (suspect) await checkIdentity();
+    if (!sm || sm.subject !== subject) return null;
+    return rawEntry(sm.seq, sm.header, sm.data);
+  }
+}
+
+function rawEntry(
+  seq: number,
+  h: MsgHdrs | undefined,
+  data: Uint8Array,
+): RawEntry {
+  const op = h?.get("KV-Operation");
+  return {
+    seq,
+    operation: op === "DEL" || op === "PURGE" ? op : undefined,
+    marker: h?.get("Nats-Marker-Reason") || undefined,
+    msgId: h?.get("Nats-Msg-Id") || undefined,
+    value: decoder.decode(data),
+  };
+}
+
+/**
+ * {@linkcode Port.watch} over nats.js: reads the subject's last entry, then
+ * follows it with an ordered pull consumer on the bucket's stream, filtered
+ * to the subject, from its last message (`last_per_subject`). A KV
+ * `watch()` would hide the headers that tell a clean release from an
+ * operator's delete, and a server's expiry marker from a purge. The
+ * consumer recreates itself after a reconnect or a gap; if it gives up, a
+ * new one starts after a backoff. Deliveries are deduplicated by revision.
+ */
+function watchSubject(
+  nc: NatsConnection,
+  js: JetStreamClient,
+  stream: string,
+  subject: string,
+  read: (
+    subject: string,
+    query: { readonly leader: boolean },
+  ) => Promise<RawEntry | null>,
+  onEntry: (e: RawEntry | null) => void,
+): { stop(): Promise<void> } {
+  let stopped = false;
+  let last = -1;
+  let consumer: Consumer | undefined;
+  let messages: ConsumerMessages | undefined;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let wake: (() => void) | undefined;
+  const deliver = (e: RawEntry | null): void => {
+    if (stopped) return;
+    if (e === null) {
+      // Only as the first news: later, the consumer tells what replaced it.
+      if (last >= 0) return;
+      last = 0;
+    } else {
+      if (e.seq <= last) return;
+      last = e.seq;
+    }
+    onEntry(e);
+  };
+  const drop = async (): Promise<void> => {
+    const c = consumer;
+    consumer = undefined;
+    // An ordered consumer left behind lingers on the server for minutes.
+    await c?.delete().catch(() => {});
+  };
+  const run = async (): Promise<void> => {
+    // A connection closed for good ends the watch: nothing can come back.
+    for (let fails = 0; !stopped && !nc.isClosed();) {
+      try {
+        // The current entry first (or its absence, which the consumer
+        // cannot report); the consumer then starts at the subject's last
+        // message, so nothing between the two is missed.
+        if (last < 0) deliver(await read(subject, { leader: false }));
+        if (stopped) return;
+        consumer = await js.consumers.get(stream, {
+          filter_subjects: subject,
+          deliver_policy: DeliverPolicy.LastPerSubject,
+        });
+        if (stopped) return;
+        messages = await consumer.consume({ max_messages: 64 });
+        if (stopped) messages.stop();
+        for await (const m of messages) {
+          fails = 0;
+          deliver(rawEntry(m.seq, m.headers, m.data));
+        }
+      } catch {
+        fails++;
+      }
+      if (stopped || nc.isClosed()) return;
+      await drop();
+      await new Promise<void>((resolve) => {
+        wake = resolve;
+        timer = setTimeout(resolve, Math.min(100 * 2 ** fails, 5_000));
+      });
+    }
+  };
+  const running = run();
+  return {
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      clearTimeout(timer);
+      wake?.();
+      messages?.stop();
+      await running;
+      await drop();
+    },
   };
 }
 

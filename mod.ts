@@ -42,4 +42,5 @@ export {
   MIN_TTL,
   NotHolderError,
   UnavailableError,
+  type WatchOptions,
 } from "./lease.ts";

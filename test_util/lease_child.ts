@@ -5,7 +5,11 @@
 // Environment: NATS_URL, LEASE_BUCKET, LEASE_KEY, LEASE_NODE, LEASE_TTL,
 // LEASE_MODE ("loop": guarded writes of LEASE_WRITE_MS each, forever;
 // "once": one guarded write, then close() and exit; "drop": one guarded
-// write, then close the connection without close()).
+// write, then close the connection without close(); "campaign": campaign
+// for the key forever, printing "lead" and "unlead" with the epoch;
+// "waitclose": a waiting guard, a campaign and a watch on the key (held by
+// someone else), then close() and the connection, printing "closed" and
+// "settled": the process must then exit by itself).
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
 import { createLeaseManager, NotHolderError } from "../mod.ts";
@@ -31,7 +35,38 @@ const key = env.LEASE_KEY!;
 const writeMs = Number(env.LEASE_WRITE_MS ?? 100);
 say("ready");
 
-if (env.LEASE_MODE === "once" || env.LEASE_MODE === "drop") {
+if (env.LEASE_MODE === "campaign") {
+  for await (const lease of leases.campaign(key)) {
+    say("lead", { epoch: lease.epoch });
+    await new Promise((r) =>
+      lease.signal.addEventListener("abort", r, { once: true })
+    );
+    say("unlead", { epoch: lease.epoch });
+  }
+} else if (env.LEASE_MODE === "waitclose") {
+  const waiting = leases.guard(key, () => say("start"), { wait: true })
+    .then(() => "wrote", (err) => (err as Error).name);
+  const campaigning = (async () => {
+    for await (const _ of leases.campaign(key)) say("lead");
+    return "ended";
+  })();
+  const watching = (async () => {
+    let n = 0;
+    for await (const _ of leases.watch(key)) n++;
+    return `ended after ${n}`;
+  })();
+  await sleep(500);
+  say("waiting");
+  await sleep(1000); // the test counts the consumers meanwhile
+  await leases.close();
+  await nc.close();
+  say("closed");
+  say("settled", {
+    guard: await waiting,
+    campaign: await campaigning,
+    watch: await watching,
+  });
+} else if (env.LEASE_MODE === "once" || env.LEASE_MODE === "drop") {
   for (;;) {
     try {
       await leases.guard(key, ({ epoch }) => say("start", { epoch }));

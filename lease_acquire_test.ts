@@ -1,0 +1,681 @@
+// Tests of waiting for a lease against real nats-server processes:
+// guard({ wait: true }), campaign() and watch(), with holders that release,
+// close, lose their connection or are killed (SIGKILL) in a child process.
+// Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
+// picks the server binary. Each test prints the figures it measured.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync, spawn } from "node:child_process";
+import process from "node:process";
+import { fileURLToPath } from "node:url";
+import { connect } from "@nats-io/transport-node";
+import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
+import {
+  createLeaseManager,
+  type Holder,
+  type LeaseManager,
+  type LeaseManagerOptions,
+} from "./mod.ts";
+import { sleep, uniq } from "./test_util/lease_helpers.ts";
+import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
+
+const TTL = 1000;
+
+const SERVER_VERSION = /v?(\d+\.\d+\.\d+)/.exec(
+  execFileSync(natsServerBinary(), ["--version"], { encoding: "utf8" }),
+)?.[1] ?? "unknown";
+
+/** Subject delete markers on expiry work from 2.11.2 (nats-server#6741). */
+function markersSupported(version: string): boolean {
+  const [a = 0, b = 0, c = 0] = version.split(".").map(Number);
+  return a > 2 || (a === 2 && (b > 11 || (b === 11 && c >= 2)));
+}
+/** Server expiry is 80-250 ms late; the waiters' fallback timer allows 300. */
+const FAILOVER_BOUND = 450;
+
+async function conn(url: string): Promise<NatsConnection> {
+  return await connect({
+    servers: url,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 100,
+  });
+}
+
+/** Prints measured figures: numbers are milliseconds, strings counts. */
+function report(
+  what: string,
+  figures: Record<string, number | string>,
+): void {
+  const text = Object.entries(figures).map(([k, v]) =>
+    typeof v === "number" ? `${k}=${Math.round(v)} ms` : `${k}=${v}`
+  ).join(", ");
+  console.log(`  [figures] ${what}: ${text}`);
+}
+
+/** The consumers on a bucket's stream (a waiter's watch is one). */
+async function consumers(
+  jsm: JetStreamManager,
+  bucket: string,
+): Promise<number> {
+  return (await jsm.consumers.list(`KV_${bucket}`).next()).length;
+}
+
+/** Polls `pred` every 10 ms for at most `ms`. */
+async function eventually(
+  pred: () => boolean | Promise<boolean>,
+  ms: number,
+  what: string,
+): Promise<void> {
+  const end = performance.now() + ms;
+  while (!(await pred())) {
+    assert.ok(performance.now() < end, `timed out waiting for ${what}`);
+    await sleep(10);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// A holder in a child process (see test_util/lease_child.ts).
+
+const CHILD = fileURLToPath(
+  new URL("./test_util/lease_child.ts", import.meta.url),
+);
+
+function runtimeArgs(script: string): [string, string[]] {
+  // Feature checks, not name sniffing: Deno needs `run -A`.
+  if ("Deno" in globalThis) return [process.execPath, ["run", "-A", script]];
+  return [process.execPath, [script]];
+}
+
+function kill(pid: number): void {
+  try {
+    process.kill(pid, "SIGKILL");
+  } catch {
+    // already gone
+  }
+}
+
+interface ChildEvent {
+  ev: string;
+  t: number;
+  epoch?: number;
+  [k: string]: unknown;
+}
+
+function startChild(env: Record<string, string>) {
+  const [cmd, args] = runtimeArgs(CHILD);
+  const child = spawn(cmd, args, {
+    env: { ...process.env, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const events: ChildEvent[] = [];
+  let buf = "";
+  let stderr = "";
+  child.stdout!.setEncoding("utf8");
+  child.stdout!.on("data", (d: string) => {
+    buf += d;
+    let i;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, i);
+      buf = buf.slice(i + 1);
+      try {
+        events.push({ ...JSON.parse(line), at: performance.now() });
+      } catch {
+        stderr += line + "\n";
+      }
+    }
+  });
+  child.stderr!.setEncoding("utf8");
+  child.stderr!.on("data", (d: string) => stderr += d);
+  const exited = new Promise<number | null>((r) =>
+    child.on("exit", (code) => r(code))
+  );
+  return {
+    child,
+    events,
+    exited,
+    async until(pred: (e: ChildEvent) => boolean, ms = 10_000) {
+      const end = performance.now() + ms;
+      for (;;) {
+        const hit = events.find(pred);
+        if (hit) return hit;
+        if (performance.now() > end) {
+          throw new Error(
+            `child: no such event in ${
+              JSON.stringify(events)
+            }; stderr: ${stderr}`,
+          );
+        }
+        await sleep(10);
+      }
+    },
+  };
+}
+
+describe("waiting for a lease", () => {
+  let ns: NatsServer;
+  let nc: NatsConnection;
+  let jsm: JetStreamManager;
+  const conns: NatsConnection[] = [];
+  const managers: LeaseManager[] = [];
+
+  async function manager(
+    opts: Partial<LeaseManagerOptions> & { node: string; bucket: string },
+  ): Promise<LeaseManager> {
+    const c = opts.nc ?? await conn(ns.url);
+    if (!opts.nc) conns.push(c as NatsConnection);
+    // Without the restart grace a fresh key is written at once; every
+    // takeover from another node still waits the grace.
+    const m = await createLeaseManager({
+      ttl: TTL,
+      restartGrace: false,
+      ...opts,
+      nc: c,
+    });
+    managers.push(m);
+    return m;
+  }
+
+  before(async () => {
+    ns = await NatsServer.start();
+    nc = await conn(ns.url);
+    jsm = await jetstreamManager(nc);
+  });
+
+  after(async () => {
+    await Promise.allSettled(managers.map((m) => m.close()));
+    await Promise.allSettled(conns.map((c) => c.close()));
+    await nc.close();
+    await ns[Symbol.asyncDispose]();
+  });
+
+  for (const how of ["release", "close"] as const) {
+    test(`guard({ wait: true }) writes within 50 ms of the holder's clean ${how}()`, async () => {
+      const bucket = uniq("w");
+      const a = await manager({ node: "a", bucket });
+      const b = await manager({ node: "b", bucket });
+      const epochA = await a.guard("k", (l) => l.epoch);
+      let wroteAt = 0;
+      const waiting = b.guard("k", (l) => {
+        wroteAt = performance.now();
+        return l.epoch;
+      }, { wait: true });
+      await sleep(300); // b was refused and watches the key
+      assert.equal(wroteAt, 0);
+      const t0 = performance.now();
+      if (how === "release") await a.release("k");
+      else await a.close();
+      const t1 = performance.now();
+      const epochB = await waiting;
+      report(`handover after ${how}()`, {
+        [`${how}Call`]: t1 - t0,
+        fromCall: wroteAt - t0,
+        fromReturn: wroteAt - t1,
+      });
+      assert.ok(epochB > epochA);
+      assert.ok(wroteAt - t0 < 50, `wrote ${wroteAt - t0} ms after ${how}()`);
+    });
+  }
+
+  test("guard({ wait: true }) after a SIGKILLed holder writes after the server's expiry plus the grace, within a bound", async () => {
+    const bucket = uniq("w");
+    const c = startChild({
+      NATS_URL: ns.url,
+      LEASE_BUCKET: bucket,
+      LEASE_KEY: "k",
+      LEASE_NODE: "doomed",
+      LEASE_TTL: String(TTL),
+      LEASE_WRITE_MS: "10",
+      LEASE_MODE: "loop",
+    });
+    try {
+      const s = await c.until((e) => e.ev === "start");
+      const b = await manager({ node: "b", bucket });
+      let wroteAt = 0;
+      const waiting = b.guard("k", (l) => {
+        wroteAt = performance.now();
+        return l.epoch;
+      }, { wait: true });
+      await sleep(300);
+      kill(c.child.pid!);
+      await c.exited;
+      const killedAt = performance.now();
+      // When the server expires the entry (no marker on these buckets).
+      let expiredAt = 0;
+      await eventually(
+        async () => {
+          const sm = await jsm.streams.getMessage(`KV_${bucket}`, {
+            last_by_subj: `$KV.${bucket}.k`,
+          }).catch(() => null);
+          if (sm === null) expiredAt = performance.now();
+          return sm === null;
+        },
+        3 * TTL,
+        "the server's expiry",
+      );
+      const epoch = await waiting;
+      const afterExpiry = wroteAt - expiredAt;
+      report("failover after SIGKILL (TTL 1000, grace 1000)", {
+        killToExpiry: expiredAt - killedAt,
+        killToWrite: wroteAt - killedAt,
+        expiryToWrite: afterExpiry,
+        overGrace: afterExpiry - TTL,
+      });
+      assert.ok(epoch > s.epoch!);
+      // The expiry is seen by polling every ~10 ms, so allow that much.
+      assert.ok(afterExpiry >= TTL - 20, `${afterExpiry} ms`);
+      assert.ok(
+        afterExpiry <= TTL + FAILOVER_BOUND,
+        `wrote ${afterExpiry} ms after the expiry`,
+      );
+    } finally {
+      kill(c.child.pid!);
+      await c.exited;
+    }
+  });
+
+  // Named in the title too: not every runner prints a skip's reason.
+  const noMarkers = markersSupported(SERVER_VERSION)
+    ? undefined
+    : `nats-server ${SERVER_VERSION} has no subject delete markers (2.11.2 or later writes one when an entry expires); the fallback timer test above covers this server`;
+  test(
+    `guard({ wait: true }) on a bucket with subject delete markers is woken by the expiry marker of a SIGKILLed holder${
+      noMarkers ? ` [skipped: ${noMarkers}]` : ""
+    }`,
+    { skip: noMarkers ?? false },
+    async () => {
+      const bucket = uniq("m");
+      await new Kvm(nc).create(bucket, {
+        ttl: TTL,
+        history: 1,
+        markerTTL: 1000,
+      });
+      const c = startChild({
+        NATS_URL: ns.url,
+        LEASE_BUCKET: bucket,
+        LEASE_KEY: "k",
+        LEASE_NODE: "doomed",
+        LEASE_TTL: String(TTL),
+        LEASE_WRITE_MS: "10",
+        LEASE_MODE: "loop",
+      });
+      try {
+        const s = await c.until((e) => e.ev === "start");
+        // The waiter overwrites the marker at once: learn its arrival from
+        // a KV watch (which reports a marker as "PURGE").
+        let markedAt = 0;
+        const kvWatch = await (await new Kvm(nc).open(bucket)).watch({
+          key: "k",
+        });
+        const watching = (async () => {
+          for await (const e of kvWatch) {
+            if (e.operation === "PURGE" && markedAt === 0) {
+              markedAt = performance.now();
+            }
+          }
+        })();
+        const b = await manager({ node: "b", bucket });
+        let wroteAt = 0;
+        const waiting = b.guard("k", (l) => {
+          wroteAt = performance.now();
+          return l.epoch;
+        }, { wait: true });
+        await sleep(300);
+        kill(c.child.pid!);
+        await c.exited;
+        const killedAt = performance.now();
+        await eventually(() => markedAt > 0, 3 * TTL, "the expiry marker");
+        const epoch = await waiting;
+        kvWatch.stop();
+        await watching;
+        const afterMarker = wroteAt - markedAt;
+        report("failover after SIGKILL, woken by the marker (TTL 1000)", {
+          killToMarker: markedAt - killedAt,
+          killToWrite: wroteAt - killedAt,
+          markerToWrite: afterMarker,
+        });
+        assert.ok(epoch > s.epoch!);
+        assert.ok(afterMarker >= TTL - 20, `${afterMarker} ms`);
+        // Woken by the marker itself, not by the fallback timer.
+        assert.ok(afterMarker <= TTL + 100, `${afterMarker} ms`);
+      } finally {
+        kill(c.child.pid!);
+        await c.exited;
+      }
+    },
+  );
+
+  test("guard({ wait: true }) sends no request while the holder renews: renewals only move its fallback timer", async () => {
+    const bucket = uniq("w");
+    const a = await manager({ node: "a", bucket });
+    const b = await manager({ node: "b", bucket });
+    await a.guard("k", () => {});
+    // Every read of the lease (direct or leader get) is a request on one of
+    // these subjects; a waiter woken into the acquire path reads first.
+    let reads = 0;
+    const subs = ["$JS.API.DIRECT.GET.>", "$JS.API.STREAM.MSG.GET.>"].map(
+      (subject) =>
+        nc.subscribe(subject, {
+          callback: (_err, msg) => {
+            if (msg.subject.includes(`KV_${bucket}`)) reads++;
+          },
+        }),
+    );
+    await nc.flush();
+    const waiting = b.guard("k", () => {}, { wait: true });
+    await sleep(300); // refused, watching
+    const before = reads;
+    let renewals = 0;
+    const end = performance.now() + 2 * TTL;
+    while (performance.now() < end) {
+      await a.guard("k", () => sleep(10)); // each guard is a renewal CAS
+      renewals++;
+    }
+    const during = reads - before;
+    await a.release("k");
+    await waiting;
+    subs.forEach((sub) => sub.unsubscribe());
+    report("waiter requests while the holder renewed", {
+      renewals: String(renewals),
+      readsByWaiter: String(during),
+    });
+    assert.ok(renewals > 20);
+    assert.equal(during, 0);
+  });
+
+  test("guard({ wait: true }) rejects with the signal's reason at once when aborted, and never writes", async () => {
+    const bucket = uniq("w");
+    const a = await manager({ node: "a", bucket });
+    const b = await manager({ node: "b", bucket });
+    await a.guard("k", () => {});
+    let wrote = false;
+    const ac = new AbortController();
+    const waiting = b.guard("k", () => {
+      wrote = true;
+    }, { wait: true, signal: ac.signal });
+    await sleep(200);
+    const reason = new Error("no longer needed");
+    const t0 = performance.now();
+    ac.abort(reason);
+    await assert.rejects(waiting, (err) => err === reason);
+    const took = performance.now() - t0;
+    report("abort of a waiting guard", { rejectAfterAbort: took });
+    assert.ok(took < 20, `${took} ms`);
+    await a.release("k");
+    await sleep(300);
+    assert.equal(wrote, false);
+    assert.equal(await b.holder("k"), null);
+    // An already aborted signal rejects before anything is sent.
+    await assert.rejects(
+      b.guard("k", () => {
+        wrote = true;
+      }, { wait: true, signal: ac.signal }),
+      (err) => err === reason,
+    );
+    assert.equal(wrote, false);
+  });
+
+  test("guard({ wait: true }) rejects like any guard after close() when the manager closes while it waits", async () => {
+    const bucket = uniq("w");
+    const a = await manager({ node: "a", bucket });
+    const b = await manager({ node: "b", bucket });
+    await a.guard("k", () => {});
+    let wrote = false;
+    const waiting = b.guard("k", () => {
+      wrote = true;
+    }, { wait: true });
+    await sleep(200);
+    const rejected = assert.rejects(waiting, TypeError);
+    await b.close();
+    await rejected;
+    assert.equal(wrote, false);
+    assert.equal(await consumers(jsm, bucket), 0);
+  });
+
+  test("many waiters, a campaign and a watch on one key share one watch, and close() leaves no consumer", async () => {
+    const bucket = uniq("w");
+    const a = await manager({ node: "a", bucket });
+    const b = await manager({ node: "b", bucket });
+    await a.guard("k", () => {});
+    const order: number[] = [];
+    const waiters = Array.from(
+      { length: 20 },
+      (_, i) => b.guard("k", () => order.push(i), { wait: true }),
+    );
+    const ac = new AbortController();
+    const seen: (Holder | null)[] = [];
+    const watching = (async () => {
+      for await (const h of b.watch("k", { signal: ac.signal })) seen.push(h);
+    })();
+    const led: number[] = [];
+    const campaigning = (async () => {
+      for await (const l of b.campaign("k", { signal: ac.signal })) {
+        led.push(l.epoch);
+      }
+    })();
+    await sleep(300);
+    const during = await consumers(jsm, bucket);
+    // Another key's waiter has a watch of its own.
+    await a.guard("k2", () => {});
+    const other = b.guard("k2", () => {}, { wait: true });
+    await sleep(200);
+    const two = await consumers(jsm, bucket);
+    await a.release("k2");
+    await other;
+    await eventually(
+      async () => await consumers(jsm, bucket) === 1,
+      2000,
+      "the watch of k2 to stop",
+    );
+    await a.release("k");
+    await Promise.all(waiters);
+    await eventually(() => led.length === 1, 2000, "the campaign to lead");
+    report("consumers on the stream", {
+      oneKey: String(during),
+      twoKeys: String(two),
+    });
+    assert.equal(during, 1);
+    assert.equal(two, 2);
+    assert.equal(order.length, 20);
+    assert.equal(seen[0]?.node, "a");
+    assert.equal(seen.at(-1)?.node, "b");
+    await b.close();
+    await watching;
+    await campaigning;
+    assert.equal(await consumers(jsm, bucket), 0);
+  });
+
+  test("watch() yields the holder, null on release, the next holder, and null on expiry, in order with growing epochs", async () => {
+    const bucket = uniq("w");
+    const w = await manager({ node: "w", bucket });
+    const ac = new AbortController();
+    const seen: (Holder | null)[] = [];
+    const watching = (async () => {
+      for await (const h of w.watch("k", { signal: ac.signal })) seen.push(h);
+    })();
+    await eventually(() => seen.length === 1, 2000, "the first news");
+    const a = await manager({ node: "a", bucket });
+    for (let i = 0; i < 5; i++) await a.guard("k", () => sleep(20));
+    await eventually(() => seen.length === 2, 2000, "a");
+    await a.release("k");
+    await eventually(() => seen.length === 3, 2000, "the release");
+    const bConn = await conn(ns.url);
+    const b = await createLeaseManager({
+      nc: bConn,
+      node: "b",
+      bucket,
+      ttl: TTL,
+      restartGrace: false,
+    });
+    await b.guard("k", () => {});
+    await eventually(() => seen.length === 4, 2000, "b");
+    // b's connection closes without a release: its entry expires.
+    const dropped = performance.now();
+    await bConn.close();
+    await eventually(() => seen.length === 5, 3 * TTL, "the expiry");
+    report("watch() sees an expiry without a marker", {
+      dropToNull: performance.now() - dropped,
+    });
+    await sleep(200);
+    ac.abort();
+    await watching;
+    assert.equal(seen.length, 5, JSON.stringify(seen));
+    assert.equal(seen[0], null);
+    assert.equal(seen[1]?.node, "a");
+    assert.equal(seen[2], null);
+    assert.equal(seen[3]?.node, "b");
+    assert.equal(seen[4], null);
+    assert.ok(seen[3]!.epoch > seen[1]!.epoch);
+    await b.close();
+  });
+
+  test("campaign() on three managers: one leader at a time, growing epochs, a closed leader replaced", async () => {
+    const bucket = uniq("c");
+    const ms = await Promise.all(
+      ["m0", "m1", "m2"].map((node) => manager({ node, bucket })),
+    );
+    interface Tenure {
+      node: string;
+      epoch: number;
+      start: number;
+      end: number;
+    }
+    const tenures: Tenure[] = [];
+    let leaders = 0;
+    let maxLeaders = 0;
+    const runs = ms.map(async (m) => {
+      for await (const lease of m.campaign("lead")) {
+        leaders++;
+        maxLeaders = Math.max(maxLeaders, leaders);
+        const t: Tenure = {
+          node: m.node,
+          epoch: lease.epoch,
+          start: performance.now(),
+          end: Infinity,
+        };
+        tenures.push(t);
+        await new Promise((r) =>
+          lease.signal.addEventListener("abort", r, { once: true })
+        );
+        t.end = performance.now();
+        leaders--;
+      }
+    });
+    const handovers: number[] = [];
+    for (let round = 1; round <= 2; round++) {
+      await eventually(() => tenures.length === round, 5000, "a leader");
+      const current = tenures.at(-1)!;
+      await sleep(TTL); // renewals keep it leading
+      assert.equal(tenures.length, round, "the leader lost its lease");
+      const t0 = performance.now();
+      await ms.find((m) => m.node === current.node)!.close();
+      await eventually(() => tenures.length === round + 1, 3000, "a new one");
+      handovers.push(tenures.at(-1)!.start - t0);
+    }
+    await Promise.all(ms.map((m) => m.close()));
+    await Promise.all(runs);
+    report("campaign handover after close()", {
+      first: handovers[0]!,
+      second: handovers[1]!,
+    });
+    assert.equal(maxLeaders, 1);
+    assert.equal(tenures.length, 3);
+    assert.equal(new Set(tenures.map((t) => t.node)).size, 3);
+    for (let i = 1; i < tenures.length; i++) {
+      assert.ok(tenures[i]!.epoch > tenures[i - 1]!.epoch);
+      assert.ok(tenures[i]!.start >= tenures[i - 1]!.end);
+    }
+  });
+
+  test("campaign(): a leader killed by SIGKILL is replaced after expiry plus grace, with a greater epoch", async () => {
+    const bucket = uniq("c");
+    const c = startChild({
+      NATS_URL: ns.url,
+      LEASE_BUCKET: bucket,
+      LEASE_KEY: "lead",
+      LEASE_NODE: "doomed",
+      LEASE_TTL: String(TTL),
+      LEASE_MODE: "campaign",
+    });
+    try {
+      const lead = await c.until((e) => e.ev === "lead");
+      const ms = await Promise.all(
+        ["m0", "m1"].map((node) => manager({ node, bucket })),
+      );
+      const won: { node: string; epoch: number; at: number }[] = [];
+      const ac = new AbortController();
+      const runs = ms.map(async (m) => {
+        for await (
+          const lease of m.campaign("lead", { signal: ac.signal })
+        ) {
+          won.push({ node: m.node, epoch: lease.epoch, at: performance.now() });
+          await new Promise((r) =>
+            lease.signal.addEventListener("abort", r, { once: true })
+          );
+        }
+      });
+      await sleep(500);
+      assert.equal(won.length, 0);
+      kill(c.child.pid!);
+      await c.exited;
+      const killedAt = performance.now();
+      await eventually(() => won.length === 1, 4 * TTL, "a new leader");
+      await sleep(500);
+      ac.abort();
+      await Promise.all(runs);
+      const took = won[0]!.at - killedAt;
+      report("campaign failover after SIGKILL (TTL 1000)", {
+        killToLead: took,
+      });
+      assert.equal(won.length, 1);
+      assert.ok(won[0]!.epoch > lead.epoch!);
+      assert.ok(took >= TTL, `${took} ms`);
+      assert.ok(took <= 2 * TTL + 250 + FAILOVER_BOUND, `${took} ms`);
+      // Leaving the loop released the key.
+      await eventually(
+        async () => await ms[0]!.holder("lead") === null,
+        1000,
+        "the release",
+      );
+    } finally {
+      kill(c.child.pid!);
+      await c.exited;
+    }
+  });
+
+  test("close() stops every waiter, campaign and watch: a child process exits by itself", async () => {
+    const bucket = uniq("x");
+    // A long TTL: a timer left behind would keep the child alive for it.
+    const holder = await manager({ node: "holder", bucket, ttl: 30_000 });
+    await holder.guard("k", () => {});
+    const c = startChild({
+      NATS_URL: ns.url,
+      LEASE_BUCKET: bucket,
+      LEASE_KEY: "k",
+      LEASE_NODE: "waiter",
+      LEASE_TTL: "30000",
+      LEASE_MODE: "waitclose",
+    });
+    try {
+      await c.until((e) => e.ev === "waiting");
+      const during = await consumers(jsm, bucket);
+      const closed = await c.until((e) => e.ev === "settled");
+      const code = await Promise.race([
+        c.exited,
+        sleep(5000).then(() => "hung"),
+      ]);
+      const exitAfter = performance.now() - (closed.at as number);
+      report("child exit after close()", { exitAfter });
+      assert.equal(during, 1);
+      assert.equal(code, 0, `exit: ${code}`);
+      assert.equal(closed.guard, "TypeError");
+      assert.equal(closed.campaign, "ended");
+      assert.equal(closed.watch, "ended after 1");
+      assert.equal(await consumers(jsm, bucket), 0);
+    } finally {
+      kill(c.child.pid!);
+      await c.exited;
+    }
+  });
+});
