@@ -184,6 +184,9 @@ describe("check()", () => {
     disturbances: [],
     releases: [],
     episodes: [],
+    guardCalls: [],
+    givenUp: [],
+    tenures: [],
   });
   const w = (
     id: number,

@@ -20,7 +20,9 @@
 import type { Stored } from "./kv.ts";
 import type { SimNode } from "./node.ts";
 import {
+  type GuardCall,
   type Plan,
+  type TenureRec,
   tenureWrite,
   type Violation,
   type WriteRec,
@@ -69,6 +71,29 @@ export interface History {
     t: number;
   }[];
   readonly episodes: readonly Episode[];
+  readonly guardCalls: readonly GuardCall[];
+  /** release(key) (`key`) and close() (`key` undefined) calls, when they resolved. */
+  readonly givenUp: readonly {
+    mgr: string;
+    key: string | undefined;
+    called: number;
+    t: number;
+  }[];
+  readonly tenures: readonly TenureRec[];
+}
+
+/**
+ * P8's allowance past TTL/3 between two renewals of one tenure, on the
+ * manager's clock: a renewal slot (TTL/30), a timer's lateness (1 ms) and
+ * an operation in flight that the renewal waits for (up to 12 one-way
+ * delays: three attempts of a compare-and-set and a read-back).
+ *
+ * @param ttl The TTL, ms.
+ * @param maxDelay The largest one-way delay, ms.
+ * @returns The allowance, ms.
+ */
+export function renewalSlack(ttl: number, maxDelay: number): number {
+  return ttl / 30 + 1 + 12 * maxDelay;
 }
 
 /**
@@ -96,10 +121,17 @@ export interface CheckResult {
    * greater epoch): what only the epoch fences.
    */
   readonly fencedOverlaps: number;
+  /**
+   * P7 breaches of finding 4 in README.md (a key state forgotten by a
+   * release while its acquire was in flight goes on renewing): reported,
+   * not counted as violations while lease.ts has the bug.
+   */
+  readonly orphans: number;
 }
 
 /**
- * Checks P1, P2, P3 (the deadline part), P5 and P6 on a finished history.
+ * Checks P1, P2, P3 (the deadline part), P5, P6, P7 and P8 on a finished
+ * history (P7 also checks, as close() resolves, that no timer is armed).
  *
  * @param h The history.
  * @returns The violations found, and how many overlaps only the epoch fences.
@@ -107,6 +139,7 @@ export interface CheckResult {
 export function check(h: History): CheckResult {
   const out: Violation[] = [];
   let fencedOverlaps = 0;
+  let orphans = 0;
   const { ttl, epsilon } = h.plan;
   const v = (
     property: string,
@@ -345,5 +378,106 @@ export function check(h: History): CheckResult {
       }) was refused at its commit point (${w.reason}) though nothing disturbed ${w.mgr} or the key since one TTL before it started`,
     );
   }
-  return { violations: out, fencedOverlaps };
+  // P7: after release(key) or close() resolves, nothing more on the key
+  // (after close(), nothing at all) until a guard on it starts again.
+  for (const g of h.givenUp) {
+    const n = h.nodes.get(g.mgr)!;
+    const again = (key: string) =>
+      Math.min(
+        ...h.guardCalls.filter((c) =>
+          c.mgr === g.mgr && c.key === key && c.t0 >= g.t
+        ).map((c) => c.t0),
+        Infinity,
+      );
+    // A guard still running when the release resolved has taken the key
+    // up again (its acquire may hold it anew): as if it started after.
+    const running = g.key !== undefined &&
+      h.guardCalls.some((c) =>
+        c.mgr === g.mgr && c.key === g.key && c.t0 <= g.t &&
+        (c.t1 === undefined || c.t1 >= g.t)
+      );
+    // release() and close() wait at most one timeout for an operation in
+    // flight: when a request of the manager's own went unanswered, it
+    // paused, or an operator wrote on the key meanwhile, that operation
+    // may outlive them by its retries.
+    const late = h.disturbances.some((d) =>
+        d.t0 <= g.t && d.t1 >= g.called &&
+        ((d.scope === "node" && d.who === g.mgr) ||
+          (d.scope === "key" && (g.key === undefined || d.who === g.key)))
+      )
+      ? g.t + 2 * ttl
+      : g.t;
+    const bad = running ? undefined : n.sends.find((s) =>
+      s.t > late &&
+      (g.key === undefined || (s.key === g.key && s.t < again(g.key)))
+    );
+    // Finding 4: an earlier release of the key resolved while a guard's
+    // acquire on it was in flight, and that acquire's state, forgotten,
+    // renews on.
+    const orphaned = bad !== undefined && g.key !== undefined &&
+      h.givenUp.some((e) =>
+        e.mgr === g.mgr && e.key === g.key && e.t < g.t &&
+        h.guardCalls.some((c) =>
+          c.mgr === g.mgr && c.key === g.key && c.t0 <= e.t &&
+          (c.t1 === undefined || c.t1 >= e.t)
+        )
+      );
+    if (orphaned) orphans++;
+    else if (bad) {
+      v(
+        "P7",
+        bad.t,
+        bad.key,
+        `${g.mgr} sent a ${bad.what} on '${bad.key}' at ${
+          bad.t.toFixed(3)
+        } after its ${
+          g.key === undefined ? "close()" : "release()"
+        } resolved at ${g.t.toFixed(3)}${
+          g.key === undefined ? "" : ", with no guard on the key since"
+        }`,
+      );
+    }
+  }
+
+  // P8: while a manager vouches for a tenure, it renews at least every
+  // TTL/3 + slack of its own clock, unless disturbed in that gap.
+  const limit = ttl / 3 + renewalSlack(ttl, h.plan.maxDelay);
+  for (const tr of h.tenures) {
+    const n = h.nodes.get(tr.mgr)!;
+    const end = Math.min(tr.end ?? Infinity, n.diedAt, h.plan.duration);
+    const sends = n.sends.filter((s) =>
+      s.key === tr.key && s.what === "write" && s.t <= end
+    ).map((s) => s.t);
+    let prev = tr.from;
+    for (const t of sends) if (t <= tr.from) prev = t;
+    const gap = (t0: number, t1: number): boolean => {
+      if (n.local(t1) - n.local(t0) <= limit) return false;
+      return !h.disturbances.some((d) =>
+        d.t0 <= t1 && d.t1 >= t0 &&
+        (d.scope === "all" || (d.scope === "node" && d.who === tr.mgr))
+      );
+    };
+    let at: [number, number] | undefined;
+    for (const t of sends) {
+      if (t <= tr.from) continue;
+      if (!at && gap(prev, t)) at = [prev, t];
+      prev = t;
+    }
+    if (!at && gap(prev, end)) at = [prev, end];
+    if (at) {
+      v(
+        "P8",
+        at[1],
+        tr.key,
+        `${tr.mgr} vouched for epoch ${tr.epoch} (from ${
+          tr.from.toFixed(3)
+        } until ${end.toFixed(3)}) but sent no write on the key from ${
+          at[0].toFixed(3)
+        } to ${at[1].toFixed(3)} (${
+          (n.local(at[1]) - n.local(at[0])).toFixed(3)
+        } ms of its clock; allowed ${limit.toFixed(3)})`,
+      );
+    }
+  }
+  return { violations: out, fencedOverlaps, orphans };
 }

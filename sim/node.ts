@@ -52,7 +52,7 @@ export interface Network {
   /** A resumed process runs its due timers before its due replies. */
   readonly timersFirst: boolean;
   /** Called after `node` sent a request (a history may pause it right then). */
-  sent(node: SimNode): void;
+  sent(node: SimNode, key: string, req?: WriteRequest): void;
   /** Tells the history a fault touched `node` over [t0, t1] (true time). */
   disturbed(node: SimNode, t0: number, t1: number, why: string): void;
 }
@@ -75,6 +75,8 @@ export class SimNode implements Target {
   readonly offset: number;
   paused = false;
   dead = false;
+  /** True time of the crash. */
+  diedAt = Infinity;
   closed = false;
   /** True time at which the current pause ends. */
   resumeAt = 0;
@@ -92,6 +94,10 @@ export class SimNode implements Target {
   #suspect = false;
   #instances = 0;
   readonly #inflight = new Set<Pending>();
+  /** Every request the process sent (for P7 and P8): true time, key, kind. */
+  readonly sends: { t: number; key: string; what: "write" | "read" }[] = [];
+  /** The port's timers that are armed (set, neither fired nor cleared). */
+  readonly armed = new Set<SimEvent>();
   #closedResolve!: () => void;
   readonly #closedPromise: Promise<void>;
 
@@ -205,6 +211,7 @@ export class SimNode implements Target {
   crash(): void {
     if (this.dead) return;
     this.dead = true;
+    this.diedAt = this.#sched.now;
     this.paused = false;
     this.#held = [];
     this.#trace.add(this.#sched.now, undefined, this.label, () => `crashed`);
@@ -271,6 +278,7 @@ export class SimNode implements Target {
         return;
       }
       this.#inflight.add(p);
+      this.sends.push({ t: t0, key, what });
       p.timer = this.after(
         () => {
           this.#trace.add(
@@ -299,7 +307,7 @@ export class SimNode implements Target {
         this.label,
         () => `→ ${describe()}${fate === "ok" ? "" : ` [${fate}]`}`,
       );
-      this.#net.sent(this);
+      this.#net.sent(this, key, req);
       if (fate === "lostRequest") return;
       const arrival = Math.max(t0 + this.#net.delay(), this.#lastArrival);
       this.#lastArrival = arrival;
@@ -341,9 +349,23 @@ export class SimNode implements Target {
     const sched = this.#sched;
     return {
       now: () => this.local(),
-      setTimer: (fn, ms) => this.after(fn, ms, "timer"),
+      setTimer: (fn, ms) => {
+        const ev: SimEvent = this.after(
+          () => {
+            this.armed.delete(ev);
+            fn();
+          },
+          ms,
+          "timer",
+        );
+        this.armed.add(ev);
+        return ev;
+      },
       clearTimer: (h) => {
-        if (h !== undefined && h !== null) sched.cancel(h as SimEvent);
+        if (h !== undefined && h !== null) {
+          sched.cancel(h as SimEvent);
+          this.armed.delete(h as SimEvent);
+        }
       },
       newInstanceId: () =>
         `${this.label.replaceAll("'", "r")}i${++this.#instances}`,

@@ -153,6 +153,8 @@ export interface BatchResult {
   first: HistoryResult | undefined;
   steps: number;
   ms: number;
+  /** Seeds that showed finding 4 (P7 breaches not counted as failures). */
+  orphans: number[];
 }
 
 /**
@@ -183,6 +185,7 @@ export async function runBatch(
     first: undefined,
     steps: 0,
     ms: 0,
+    orphans: [],
   };
   for (let s = o.from; res.histories < limit; s++) {
     if (
@@ -191,6 +194,7 @@ export async function runBatch(
     const r = await runHistory(s, lib, o.options);
     res.histories++;
     res.steps += r.steps;
+    if (r.orphans > 0) res.orphans.push(s);
     if (r.violations.length > 0) {
       res.failed++;
       res.first ??= r;
@@ -414,9 +418,14 @@ function summary(b: BatchResult, what: string): string {
   const props = [...b.byProperty].map(([p, seeds]) =>
     `${p}: ${seeds.length} (first seeds ${seeds.slice(0, 5).join(", ")})`
   );
+  const known = b.orphans.length
+    ? `; finding 4 (a forgotten state renews on) in ${b.orphans.length} (first seeds ${
+      b.orphans.slice(0, 5).join(", ")
+    })`
+    : "";
   return `${what}: ${b.histories} histories, ${b.failed} failed${
     props.length ? ` [${props.join("; ")}]` : ""
-  }; ${(b.ms / 1000).toFixed(1)} s, ${rate.toFixed(0)} histories/s, ${
+  }${known}; ${(b.ms / 1000).toFixed(1)} s, ${rate.toFixed(0)} histories/s, ${
     (b.steps / b.histories).toFixed(0)
   } events/history`;
 }

@@ -136,6 +136,12 @@ export interface Plan {
   blindKind: "blind" | "escape";
   /** Crash a holder mid-history and check that a contender takes over (P5). */
   liveness: boolean;
+  /**
+   * Probability that a renewal's send meets a storm: 15-40 operator
+   * deletes and purges on its key, each within one network delay of the
+   * last, so the renewal's revisions keep moving (0: none).
+   */
+  storms: number;
 }
 
 /** A property violation. */
@@ -159,6 +165,8 @@ export interface HistoryResult {
   readonly commits: number;
   /** Overlapping writes P1 allows because the later one's epoch fences the earlier. */
   readonly fencedOverlaps: number;
+  /** P7 breaches of the known finding 4 (see `CheckResult.orphans`). */
+  readonly orphans: number;
   /**
    * Liveness episodes (P5): the crash, when the holder's entry went, the next
    * write's start and P5's limit for it (true time, ms).
@@ -267,6 +275,7 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     blindShare: draw(r.chance(0.5), o.blindShare ?? 0.2, 0),
     blindKind: o.blindKind ?? "blind",
     liveness: r.chance(o.livenessChance ?? 0.3),
+    storms: draw(r.chance(0.3), r.between(0.02, 0.2), 0),
   };
   Object.assign(plan, o.override);
   // The liveness episode needs a manager that can still act: none made
@@ -275,6 +284,26 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     plan.liveness = false;
   }
   return plan;
+}
+
+/** A guard() call of the workload: when it was made and when it settled. */
+export interface GuardCall {
+  readonly mgr: string;
+  readonly key: string;
+  readonly t0: number;
+  t1?: number;
+}
+
+/**
+ * A tenure the workload saw (for P8): from its first write's start until
+ * its lease signal aborted (`end`), in true time.
+ */
+export interface TenureRec {
+  readonly mgr: string;
+  readonly key: string;
+  readonly epoch: number;
+  readonly from: number;
+  end?: number;
 }
 
 /**
@@ -302,6 +331,7 @@ export async function runHistory(
   const rClock = stream(seed, "clock");
   const rTimer = stream(seed, "timers");
   const rPause = stream(seed, "pauses");
+  const rStorm = stream(seed, "storms");
   const pauseLength = (): number => {
     const x = rPause.next();
     return x < 0.5
@@ -338,10 +368,43 @@ export async function runHistory(
   const writes: WriteRec[] = [];
   const releases: { mgr: string; key: string | undefined; t: number }[] = [];
   const episodes: Episode[] = [];
+  const guardCalls: GuardCall[] = [];
+  const givenUp: {
+    mgr: string;
+    key: string | undefined;
+    called: number;
+    t: number;
+  }[] = [];
+  const tenures: TenureRec[] = [];
   const nodes = new Map<string, SimNode>();
   const mgrs: Mgr[] = [];
   let quiet = false;
   let episode: Episode | undefined;
+
+  // A storm of operator deletes and purges on a key, each within one
+  // network delay of the last: a renewal in flight finds its revisions
+  // moving on every attempt.
+  const storm = (key: string) => {
+    const n = 15 + rStorm.int(26);
+    let t = sched.now;
+    trace.add(t, key, "sim", () => `storm of ${n} operator writes`);
+    for (let i = 0; i < n; i++) {
+      const p = rStorm.chance(0.5);
+      sched.at(t, () => {
+        if (quiet) return;
+        disturbances.push({
+          scope: "key",
+          who: key,
+          t0: sched.now,
+          t1: sched.now,
+          why: p ? "purge" : "delete",
+        });
+        if (p) kv.operatorPurge(key);
+        else kv.operatorDelete(key);
+      }, { pure: true });
+      t += rStorm.between(0.1, plan.maxDelay);
+    }
+  };
 
   const net: Network = {
     delay: () => rNet.between(0.05, plan.maxDelay),
@@ -365,7 +428,13 @@ export async function runHistory(
       }
       return "ok";
     },
-    sent(node) {
+    sent(node, key, req) {
+      if (
+        plan.storms > 0 && !quiet && req !== undefined && req.op === "PUT" &&
+        req.expect > 0 && rStorm.chance(plan.storms)
+      ) {
+        storm(key);
+      }
       // Pauses aimed at the moment a request is in flight, the window
       // where a late reply meets a passed deadline.
       if (plan.pauseEvery > 0 && !quiet && rPause.chance(plan.pauseOnSend)) {
@@ -446,7 +515,10 @@ export async function runHistory(
     if (watched.has(signal)) return;
     watched.add(signal);
     const inc = kv.incarnation;
+    const tenure: TenureRec = { mgr: m.label, key, epoch, from: sched.now };
+    tenures.push(tenure);
     signal.addEventListener("abort", () => {
+      tenure.end = sched.now;
       const reason = signal.reason as Error | undefined;
       trace.add(
         sched.now,
@@ -482,6 +554,8 @@ export async function runHistory(
       m.label,
       () => `guard #${id} (${kind}, ${duration.toFixed(1)} ms)`,
     );
+    const call: GuardCall = { mgr: m.label, key, t0: sched.now };
+    guardCalls.push(call);
     m.mgr.guard(key, (lease) => {
       const t = sched.now;
       const local = node.local();
@@ -583,14 +657,18 @@ export async function runHistory(
         )
       );
     }).then(
-      () => {},
-      (err: Error) =>
+      () => {
+        call.t1 = sched.now;
+      },
+      (err: Error) => {
+        call.t1 = sched.now;
         trace.add(
           sched.now,
           key,
           m.label,
           () => `guard #${id} rejected: ${err.name}: ${err.message}`,
-        ),
+        );
+      },
     );
   };
 
@@ -629,7 +707,10 @@ export async function runHistory(
           releases.push({ mgr: m.label, key, t: t0 });
           trace.add(t0, key, m.label, () => `release() called`);
           m.mgr.release(key).then(
-            () => trace.add(sched.now, key, m.label, () => `release() done`),
+            () => {
+              givenUp.push({ mgr: m.label, key, called: t0, t: sched.now });
+              trace.add(sched.now, key, m.label, () => `release() done`);
+            },
             (err: Error) =>
               trace.add(
                 sched.now,
@@ -745,17 +826,33 @@ export async function runHistory(
         const m = pick(mgrs.filter(live));
         if (m && !quiet && !m.node.paused) {
           m.closing = true;
+          const called = sched.now;
           releases.push({ mgr: m.label, key: undefined, t: sched.now });
           trace.add(sched.now, undefined, m.label, () => `close() called`);
           m.mgr.close().then(
-            (r) =>
+            (r) => {
+              givenUp.push({
+                mgr: m.label,
+                key: undefined,
+                called,
+                t: sched.now,
+              });
               trace.add(
                 sched.now,
                 undefined,
                 m.label,
                 () =>
                   `close() done: released [${r.released}], unreleased [${r.unreleased}]`,
-              ),
+              );
+              // P7: a closed manager keeps no timer armed.
+              if (m.node.armed.size > 0 && !m.node.dead) {
+                violate(
+                  "P7",
+                  undefined,
+                  `${m.label}'s close() resolved with ${m.node.armed.size} timer(s) of the manager still armed`,
+                );
+              }
+            },
             (err: Error) =>
               trace.add(
                 sched.now,
@@ -850,6 +947,9 @@ export async function runHistory(
     disturbances,
     releases,
     episodes,
+    guardCalls,
+    givenUp,
+    tenures,
   };
   const checked = check(history);
   violations.push(...checked.violations);
@@ -862,6 +962,7 @@ export async function runHistory(
     writes: writes.length,
     commits: writes.filter((w) => w.committed).length,
     fencedOverlaps: checked.fencedOverlaps,
+    orphans: checked.orphans,
     takeovers: episodes.map((ep) => ({
       crash: ep.t,
       gone: ep.gone,
