@@ -924,6 +924,12 @@ class KeyState {
   drained: (() => void)[] = [];
   /** Set while `release()` or `close()` gives the key up. */
   releasing: Promise<boolean> | undefined;
+  /**
+   * Given up and forgotten. An operation still in flight when the release
+   * stopped waiting for it may land later: it must not bring the key back
+   * to life (it is left to expire, unrenewed).
+   */
+  gone = false;
   /** When a guard last used the key (for `idleRelease`). */
   lastUse = 0;
 
@@ -1960,6 +1966,9 @@ class Manager implements LeaseManager {
 
   /** Our acquiring CAS sent at `sent` was applied at `seq`. */
   #tookOver(st: KeyState, seq: number, grace: number, sent: number): void {
+    // An acquire that lands after its key was given up: nobody renews it,
+    // so it expires, and a later claim waits for it like any holder's.
+    if (st.gone) return;
     st.held = true;
     st.rev = seq;
     st.tenure = new Tenure(seq);
@@ -1974,6 +1983,7 @@ class Manager implements LeaseManager {
 
   /** A CAS sent at `sent` succeeded: we hold the key until `sent + ttl`. */
   #confirmed(st: KeyState, sent: number): void {
+    if (st.gone) return;
     let t = st.tenure!;
     if (t.controller.signal.aborted) {
       // The deadline passed before this confirmation came: same epoch, but
@@ -2018,7 +2028,7 @@ class Manager implements LeaseManager {
    * TTL/3 still leaves most of the TTL to retry in.
    */
   #plan(st: KeyState, at: number): void {
-    if (this.#stopped || this.#port.isClosed()) return;
+    if (this.#stopped || st.gone || this.#port.isClosed()) return;
     let slot = Math.ceil(at / this.#quantum) * this.#quantum;
     // Floating point may round the product below `at`; a slot at or
     // before the one being served would be served again, forever.
@@ -2158,6 +2168,7 @@ class Manager implements LeaseManager {
    */
   #giveUp(st: KeyState, settleBy: number): Promise<boolean> {
     st.releasing ??= this.#releaseKey(st, settleBy).finally(() => {
+      st.gone = true;
       if (this.#keys.get(st.key) === st) this.#keys.delete(st.key);
     });
     return st.releasing;

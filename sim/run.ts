@@ -153,7 +153,7 @@ export interface BatchResult {
   first: HistoryResult | undefined;
   steps: number;
   ms: number;
-  /** Seeds that showed finding 4 (P7 breaches not counted as failures). */
+  /** Seeds that showed finding 4 (P7 breaches, also counted as failures). */
   orphans: number[];
 }
 
