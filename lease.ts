@@ -2684,6 +2684,9 @@ function census(
   });
 }
 
+/** Pause between stream info reads while a new stream's peers are listed. */
+const PEER_RETRY_MS = 50;
+
 /** Resolves like `p`, or rejects with a timeout error after `ms`. */
 function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: ReturnType<typeof setTimeout> | undefined;
@@ -2752,18 +2755,28 @@ export async function unsafeReplicaReason(
     `Cannot prove that every peer of stream '${stream}' runs nats-server 2.9.21 or later, which compare-and-set on a replicated stream needs (nats-server#4320)`;
 
   let info: StreamInfo;
-  try {
-    info = await within(jsm.streams.info(stream), left(), "stream info");
-  } catch (err) {
-    return `${subject}: cannot read its stream info: ${errText(err)}.`;
+  let unique: string[];
+  let replicas: number;
+  for (;;) {
+    try {
+      info = await within(jsm.streams.info(stream), left(), "stream info");
+    } catch (err) {
+      return `${subject}: cannot read its stream info: ${errText(err)}.`;
+    }
+    replicas = info.config.num_replicas ?? 1;
+    const peers = [
+      info.cluster?.leader,
+      ...(info.cluster?.replicas ?? []).map((r) => r.name),
+    ].filter((name): name is string => typeof name === "string" && name !== "");
+    unique = [...new Set(peers)];
+    if (replicas <= 1 && unique.length <= 1) return undefined;
+    // A stream created a moment ago may not list every peer or a leader
+    // yet; read again while the budget allows rather than refuse a bucket
+    // that is still forming. Fewer names only ever makes the check fail, so
+    // waiting for them cannot let an unproven peer through.
+    if (unique.length >= replicas || left() < 2 * PEER_RETRY_MS) break;
+    await new Promise((r) => setTimeout(r, PEER_RETRY_MS));
   }
-  const replicas = info.config.num_replicas ?? 1;
-  const peers = [
-    info.cluster?.leader,
-    ...(info.cluster?.replicas ?? []).map((r) => r.name),
-  ].filter((name): name is string => typeof name === "string" && name !== "");
-  const unique = [...new Set(peers)];
-  if (replicas <= 1 && unique.length <= 1) return undefined;
   if (unique.length < replicas) {
     return `${subject}: its stream info names ${unique.length} of its ${replicas} peers (${
       unique.length === 0 ? "none" : unique.join(", ")

@@ -141,7 +141,10 @@ test(
       const leader = await cluster.streamLeader("KV_r3");
       const victim = [1, 2].find((i) => i !== leader)!;
       await cluster.kill(victim);
-      const reason = await check(nc, "KV_r3", 1_000);
+      // The full budget: with a peer just killed, stream info can be slow on
+      // a loaded machine, and a timeout there is a different (also failing)
+      // reason from the one this test is about.
+      const reason = await check(nc, "KV_r3");
       assert.match(
         reason ?? "",
         new RegExp(`n${victim} is not visible to this account`),

@@ -255,6 +255,12 @@ for runtime in "${runtimes[@]}"; do
     printf '%-5s server %s: %d passed, %d failed (%d s)%s\n' \
       "$runtime" "$version" "$passed" "$failed" "$elapsed" "$note"
     if ((failed > 0)); then
+      if [[ "$runtime" == bun ]] && grep -q '^(fail)' "$log"; then
+        # bun prints a failure's error above its "(fail)" line, not in the
+        # summary at the end, so the tail alone would not say why.
+        echo "----- what bun printed before each failure in $log -----"
+        grep -B 40 '^(fail)' "$log" | head -n 300
+      fi
       echo "----- tail of $log -----"
       tail -n 80 "$log"
       echo "----- end of $log -----"
