@@ -17,6 +17,7 @@ import {
   type Holder,
   type LeaseManager,
   type LeaseManagerOptions,
+  NotHolderError,
 } from "./mod.ts";
 import { sleep, uniq } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
