@@ -451,8 +451,17 @@ describe("wire compatibility with the Go reference (lease.go) on one bucket", ()
   }
 
   /** A manager on its own connection, on the default bucket "leases". */
-  async function manager(node: string, url = ns.url): Promise<LeaseManager> {
-    const m = await createLeaseManager({ nc: await conn(url), node, ttl: TTL });
+  async function manager(
+    node: string,
+    url = ns.url,
+    markers?: boolean,
+  ): Promise<LeaseManager> {
+    const m = await createLeaseManager({
+      nc: await conn(url),
+      node,
+      ttl: TTL,
+      markers,
+    });
     managers.push(m);
     return m;
   }
@@ -601,10 +610,12 @@ describe("wire compatibility with the Go reference (lease.go) on one bucket", ()
     { skip, timeout: TEST_TIMEOUT },
     async () => {
       // A server of its own, so that our manager creates the bucket and
-      // lease.New finds it.
+      // lease.New finds it. Without markers: nats.go's CreateKeyValue
+      // refuses a bucket whose configuration differs from the one it would
+      // create, and a bucket with markers does.
       const ns2 = await NatsServer.start();
       servers.push(ns2);
-      const m = await manager("ts-2", ns2.url);
+      const m = await manager("ts-2", ns2.url, false);
       const epoch = await guardUntil(m, "k");
       const ours = new TsLoop(m, "k");
       const c = goNodeOn(ns2.url, "go-c", "k", 1200);

@@ -241,13 +241,14 @@ describe("examples against a real nats-server", () => {
           RUN_FOR_MS: "20000",
         });
         await a.waitFor(/^\[\S+-A\] connected to nats:\/\/127\.0\.0\.1:\d+$/);
-        // A fresh key: the first holder waits one TTL before writing.
-        await a.waitFor(
-          new RegExp(
-            `^\\[${runtime}-A\\] acquired '${key}', waiting out the grace: \\d+ ms$`,
-          ),
+        // A fresh key: written at once where the server keeps expiry
+        // markers (2.11.2 and later), after the grace where it cannot tell
+        // a never-used key from an expired one.
+        const first = await a.waitFor(
+          /^\[\S+-A\] wrote order #1 at epoch (\d+)$/,
         );
-        // The second copy starts during the grace and must see the first.
+        // The second copy starts while the first holds the key, says so,
+        // and waits.
         const b = start(runtime, `${runtime}.ts`, {
           NODE_ID: `${runtime}-B`,
           LEASE_KEY: key,
@@ -257,9 +258,6 @@ describe("examples against a real nats-server", () => {
           new RegExp(
             `^\\[${runtime}-B\\] waiting: '${key}' is held by ${runtime}-A$`,
           ),
-        );
-        const first = await a.waitFor(
-          /^\[\S+-A\] wrote order #1 at epoch (\d+)$/,
         );
         a.kill("SIGINT");
         await a.waitFor(/^\[\S+-A\] stopping \(SIGINT\)$/);
@@ -279,8 +277,8 @@ describe("examples against a real nats-server", () => {
             first.match[1]
           }\n${b.transcript()}`,
         );
-        // A released lease needs no grace: the successor writes within its
-        // 100 ms polling interval, far below the 2 s grace.
+        // A released lease needs no grace: the waiting guard writes within
+        // milliseconds of the release, far below the 2 s grace.
         const gap = taken.at - released.at;
         assert.ok(
           gap < 1_000,
@@ -412,6 +410,9 @@ describe("examples against a real nats-server", () => {
       const demo = start(self, "demo.ts", { NATS_URL: "" });
       await demo.waitFor(
         /^Started nats-server \S+ on nats:\/\/127\.0\.0\.1:\d+/,
+      );
+      await demo.waitFor(
+        /demo +fresh key: node-\w wrote \d+ ms after it was ready/,
       );
       await demo.waitFor(/ node-\w +waiting: 'orders' is held by node-\w$/);
       await demo.waitFor(/^── node-\w crashes \(SIGKILL\)/);

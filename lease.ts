@@ -53,6 +53,13 @@
  *    says decides how long the successor waits:
  *    - no entry, or the server's `MaxAge` marker: the holder's deadline has
  *      passed (expiry is never early), so one TTL;
+ *    - no entry, on a bucket proven at start-up to keep markers for
+ *      `markerLife` (nats-server 2.11.2+): the CAS expecting no entry
+ *      succeeds only if no entry or tombstone of the key expired within
+ *      that life, and expiry comes at or after the holder's deadline, so
+ *      one TTL less the marker's life (none when it lasts a TTL). Assumes
+ *      nothing removed a live holder's entry without a marker
+ *      (`kv.purge`, a stream purge or message delete);
  *    - a holder's entry that stood still for one TTL of our own time (a
  *      replica late to expire): its deadline has passed too, so one TTL;
  *    - a delete tagged by a lease manager's clean release: none. A release
@@ -197,6 +204,24 @@ export interface LeaseManagerOptions {
    * @default {false}
    */
   allowUnverifiedReplicas?: boolean;
+  /**
+   * Use subject delete markers (nats-server 2.11.2 or later) to take a key
+   * that has no entry at once. A bucket this call creates gets markers
+   * that outlive its max age; an existing bucket's configuration and the
+   * versions of the servers that hold it are checked at start-up, and
+   * without proof the grace applies as before. When an entry expires the
+   * server leaves a marker for the marker's life, and a compare-and-set
+   * that expects no entry at all fails while one is there, so its success
+   * proves the last holder's deadline passed at least that long ago.
+   *
+   * `false` creates buckets without markers and always waits the grace on
+   * an empty key. Choose it when something may remove a lease entry
+   * without leaving a marker: `kv.purge(key)` (a purge tombstone expires
+   * without one), `jsm.streams.purge`, `jsm.streams.deleteMessage` or
+   * `kv.purgeDeletes` on the bucket while a holder may be alive.
+   * @default {true}
+   */
+  markers?: boolean;
   /**
    * Aborting this signal shuts the manager down, as
    * {@linkcode LeaseManager.close} does.
@@ -905,6 +930,8 @@ class KeyState {
   notBefore = 0;
   /** This process saw another node hold the key. */
   sawForeign = false;
+  /** The first acquire tried a CAS expecting no entry without reading. */
+  probed = false;
   /** The last foreign holder seen. */
   foreign: string | undefined;
   /** A foreign entry's revision and when we first saw it (for stale-entry takeover). */
@@ -1006,6 +1033,14 @@ export interface ManagerSettings {
   settleTimeout: number;
   /** See {@linkcode LeaseManagerOptions.idleRelease}. */
   idleRelease: number | undefined;
+  /**
+   * How long, in ms, the stream leader is proven to keep a marker after
+   * an entry of the key expires or a tombstone of it expires: a
+   * compare-and-set expecting no entry succeeds only that long after the
+   * last holder's deadline. 0: not proven (no markers, or servers that
+   * could not be checked).
+   */
+  markerLife: number;
   /** Aborting it closes the manager. */
   signal: AbortSignal | undefined;
 }
@@ -1098,6 +1133,7 @@ class Manager implements LeaseManager {
   readonly #nodeBytes: Uint8Array;
   readonly #timeout: number;
   readonly #restartGrace: boolean;
+  readonly #markerLife: number;
   readonly #settleTimeout: number;
   readonly #idleRelease: number | undefined;
   /** Tags our writes so a restarted process with our node id is told apart. */
@@ -1140,6 +1176,7 @@ class Manager implements LeaseManager {
     this.#nodeBytes = encoder.encode(o.node);
     this.#timeout = o.timeout;
     this.#restartGrace = o.restartGrace;
+    this.#markerLife = Math.max(0, Math.min(o.markerLife, o.ttl));
     this.#settleTimeout = o.settleTimeout;
     this.#idleRelease = o.idleRelease;
     this.#instance = port.newInstanceId();
@@ -1866,11 +1903,18 @@ class Manager implements LeaseManager {
   /** Tries to take a key we do not hold; at most a few reads and CASes. */
   async #acquire(st: KeyState): Promise<void> {
     for (let attempt = 0; attempt < 3; attempt++) {
-      let seen: Seen | null;
+      let seen: Seen | null = null;
+      // On a key this state never looked at, with markers proven, try the
+      // CAS that expects no entry before reading: a never-used key is then
+      // taken in one round trip, and anything else makes it fail (it names
+      // what is there) and we read as usual. Only the CAS's success
+      // matters for the grace below, never the skipped read.
+      const probe = attempt === 0 && this.#markerLife > 0 && !st.probed;
+      st.probed = true;
       try {
         // Any replica will do: the CAS below decides, and it names the
         // revision it expects, whose content we read here.
-        seen = await this.#read(st.subject, undefined, false);
+        if (!probe) seen = await this.#read(st.subject, undefined, false);
       } catch (err) {
         throw new UnavailableError(
           st.key,
@@ -1902,9 +1946,17 @@ class Manager implements LeaseManager {
       }
       const unknownPast = this.#restartGrace || st.sawForeign;
       let grace: number;
-      if (seen === null || seen.kind === "expired") {
-        // Never held, or expired: the holder's deadline has passed, but it
-        // may be paused mid-write, and we cannot tell.
+      if (seen === null) {
+        // No entry (in the replica we read). The CAS below expects none
+        // on the leader. Without markers, a key never held and one whose
+        // holder expired look alike: its deadline has passed, but it may
+        // be paused mid-write. With markers proven to live `markerLife`,
+        // the CAS succeeds only if the last entry or tombstone expired
+        // (never early, and at or after its holder's deadline) more than
+        // `markerLife` ago, so only the rest of the grace is owed.
+        grace = unknownPast ? this.ttl - this.#markerLife : 0;
+      } else if (seen.kind === "expired") {
+        // A marker: a holder's deadline passed recently; the full grace.
         grace = unknownPast ? this.ttl : 0;
       } else if (seen.kind === "released") {
         // A lease manager's clean release.
@@ -2810,6 +2862,71 @@ export async function unsafeReplicaReason(
     : `${subject}: ${problems.join("; ")}.`;
 }
 
+/** The first release whose markers are right for TTL expiries and in clusters. */
+const MARKERS_FIXED: Triple = [2, 11, 2];
+
+/** Whether a server version has trustworthy subject delete markers. */
+function markersVersion(version: string): boolean {
+  const parsed = parseVersion(version);
+  if (parsed === undefined) return false;
+  const c = compare(parsed.v, MARKERS_FIXED);
+  return c > 0 || (c === 0 && !parsed.pre);
+}
+
+/**
+ * A marker whose own TTL governs (not the max age) was seen to vanish up
+ * to 5 ms before its TTL had run from its timestamp; this much is taken
+ * off its life.
+ */
+const MARKER_EARLY_MARGIN = 50;
+
+/**
+ * How long the bucket's stream is proven to keep a marker after an entry
+ * (or a tombstone) of a key expires; 0 when that cannot be proven.
+ *
+ * Proof needs both: the stream's configuration (read now, not trusted from
+ * creation) asks for markers, and every server that holds the stream runs
+ * nats-server 2.11.2 or later (older ones ignore the setting, or expire
+ * without a marker in some cases). The life is the max age when the marker
+ * TTL is longer (the max-age path, never early), else the marker TTL in
+ * whole seconds less a margin. Never rejects: what cannot be proven only
+ * costs the grace.
+ */
+async function provenMarkerLife(
+  nc: NatsConnection,
+  jsm: JetStreamManager,
+  stream: string,
+  timeoutMs: number,
+): Promise<number> {
+  let info: StreamInfo;
+  try {
+    info = await within(jsm.streams.info(stream), timeoutMs, "stream info");
+  } catch {
+    return 0;
+  }
+  const cfg = info.config as {
+    max_age: number;
+    subject_delete_marker_ttl?: number;
+  };
+  const markerMs = Math.floor((cfg.subject_delete_marker_ttl ?? 0) / 1e9) *
+    1000;
+  const maxAge = cfg.max_age / 1e6;
+  if (markerMs <= 0 || maxAge <= 0) return 0;
+  const life = markerMs > maxAge ? maxAge : markerMs - MARKER_EARLY_MARGIN;
+  if (life <= 0) return 0;
+  const peers = [
+    info.cluster?.leader,
+    ...(info.cluster?.replicas ?? []).map((r) => r.name),
+  ].filter((name): name is string => typeof name === "string" && name !== "");
+  const self = nc.info?.server_name;
+  if (peers.length === 0 || (peers.length === 1 && peers[0] === self)) {
+    // Not clustered, or held by the server we are connected to.
+    return markersVersion(nc.info?.version ?? "") ? life : 0;
+  }
+  const { versions } = await census(nc, [...new Set(peers)], timeoutMs);
+  return peers.every((p) => markersVersion(versions.get(p) ?? "")) ? life : 0;
+}
+
 /**
  * Creates a lease manager over a JetStream KV bucket, creating the bucket
  * (TTL = lease TTL, history 1) if it does not exist and `createBucket`
@@ -2894,8 +3011,20 @@ export async function createLeaseManager(
   let direct = existing?.direct;
   let created = existing?.created;
   if (direct === undefined) {
+    // Markers outlive the max age (the marker TTL is whole seconds), so a
+    // marker lasts exactly the max age, the path the server never runs
+    // early. Asked for only where the server we talk to has them; whether
+    // the bucket got them is checked below either way.
+    const withMarkers = o.markers && markersVersion(nc.info?.version ?? "");
     const kv = await new Kvm(jetstream(nc, { timeout: setupTimeout }))
-      .create(o.bucket, { ttl: o.ttl, history: 1, replicas });
+      .create(o.bucket, {
+        ttl: o.ttl,
+        history: 1,
+        replicas,
+        ...(withMarkers
+          ? { markerTTL: (Math.floor(o.ttl / 1000) + 1) * 1000 }
+          : {}),
+      });
     // Created now, or concurrently by another process: read what it is.
     const status = await kv.status();
     if (status.ttl !== o.ttl) {
@@ -2918,6 +3047,14 @@ export async function createLeaseManager(
         `Cannot create lease manager on bucket '${o.bucket}'. ${why} Upgrade the servers, use a bucket with 1 replica, or pass allowUnverifiedReplicas: true if you know every server that may hold the bucket`,
       );
     }
+  }
+  if (o.markers) {
+    o.markerLife = await provenMarkerLife(
+      nc,
+      jsm,
+      `KV_${o.bucket}`,
+      setupTimeout,
+    );
   }
   const js = jetstream(nc, { timeout: o.timeout });
   const opsJsm = await jetstreamManager(nc, {
@@ -2961,6 +3098,7 @@ interface Resolved extends ManagerSettings {
   nc: NatsConnection;
   createBucket: boolean;
   allowUnverifiedReplicas: boolean;
+  markers: boolean;
 }
 
 /** Checks the options that depend on the TTL, once the TTL in force is known. */
@@ -3034,6 +3172,7 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
   checkBoolean("restartGrace", options.restartGrace);
   checkBoolean("createBucket", options.createBucket);
   checkBoolean("allowUnverifiedReplicas", options.allowUnverifiedReplicas);
+  checkBoolean("markers", options.markers);
   const idleRelease = options.idleRelease === undefined
     ? undefined
     : checkDuration("idleRelease", options.idleRelease, 1, 2 ** 31 - 1);
@@ -3052,6 +3191,8 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     settleTimeout: 0,
     idleRelease,
     restartGrace: options.restartGrace ?? true,
+    markers: options.markers ?? true,
+    markerLife: 0,
     createBucket: options.createBucket ?? true,
     allowUnverifiedReplicas: options.allowUnverifiedReplicas ?? false,
     bucket,

@@ -17,6 +17,7 @@ import {
   type Holder,
   type LeaseManager,
   type LeaseManagerOptions,
+  NotHolderError,
 } from "./mod.ts";
 import { sleep, uniq } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
@@ -190,6 +191,119 @@ describe("waiting for a lease", () => {
     await ns[Symbol.asyncDispose]();
   });
 
+  const markers = markersSupported(SERVER_VERSION);
+  test(
+    `a never-used key is written in one round trip on a bucket with subject delete markers (nats-server ${SERVER_VERSION}: ${
+      markers ? "markers, so at once" : "no markers, so after the grace"
+    })`,
+    async () => {
+      const bucket = uniq("f");
+      // restartGrace as users get it: without markers an empty key waits.
+      const m = await manager({ node: "a", bucket, restartGrace: true });
+      const si = await jsm.streams.info(`KV_${bucket}`);
+      const markerTtl = (si.config as { subject_delete_marker_ttl?: number })
+        .subject_delete_marker_ttl ?? 0;
+      // A bare compare-and-set that expects no entry, for comparison.
+      const kv = await new Kvm(nc).open(bucket);
+      const bare: number[] = [];
+      for (let i = 0; i < 5; i++) {
+        const t = performance.now();
+        await kv.create(`bare${i}`, "x");
+        bare.push(performance.now() - t);
+      }
+      bare.sort((a, b) => a - b);
+      const t0 = performance.now();
+      const first = await m.guard("fresh", (l) => l.epoch).catch((e) => e);
+      const took = performance.now() - t0;
+      if (markers) {
+        // Markers outlive the max age, so a marker lasts a whole TTL.
+        assert.ok(markerTtl / 1e6 > TTL, `marker TTL ${markerTtl} ns`);
+        assert.equal(typeof first, "number", String(first));
+        report("fresh-key first write", {
+          guard: took,
+          bareCreate: bare[2]!,
+          ratio: took / bare[2]!,
+        });
+        assert.ok(took < TTL / 2, `${took} ms`);
+      } else {
+        assert.equal(markerTtl, 0);
+        assert.ok(
+          first instanceof NotHolderError && first.retryAfter! > 0.8 * TTL,
+          String(first),
+        );
+        const epoch = await m.guard("fresh", (l) => l.epoch, { wait: true });
+        const all = performance.now() - t0;
+        report("fresh-key first write (no markers)", { guard: all });
+        assert.ok(epoch > 0);
+        assert.ok(all >= TTL - 5, `${all} ms`);
+      }
+    },
+  );
+
+  test(
+    `an expired holder's key waits the grace while the expiry marker stands, and is written at once only after it (nats-server ${SERVER_VERSION})`,
+    { skip: markers ? false : "this server writes no expiry markers" },
+    async () => {
+      const bucket = uniq("e");
+      // A holder whose connection drops without close(): its entry expires.
+      const c = await conn(ns.url);
+      const a = await createLeaseManager({
+        nc: c,
+        node: "a",
+        bucket,
+        ttl: TTL,
+      });
+      await a.guard("k", () => {});
+      await c.close();
+      await a.close();
+      // The marker appears when the server expires the entry.
+      let markerAt = 0;
+      await eventually(
+        async () => {
+          const sm = await jsm.streams.getMessage(`KV_${bucket}`, {
+            last_by_subj: `$KV.${bucket}.k`,
+          }).catch(() => null);
+          if (sm?.header?.get("Nats-Marker-Reason") === "MaxAge") {
+            markerAt = performance.now();
+          }
+          return markerAt > 0;
+        },
+        3 * TTL,
+        "the expiry marker",
+      );
+      // A brand-new process now: the marker says a holder expired just
+      // now, so the full grace.
+      const b = await manager({ node: "b", bucket, restartGrace: true });
+      const during = await b.guard("k", () => {}).catch((e) => e);
+      assert.ok(
+        during instanceof NotHolderError && during.retryAfter! > 0.8 * TTL,
+        String(during),
+      );
+      await b.close();
+      // Once the marker is gone, another brand-new process writes at once.
+      await eventually(
+        async () => {
+          const sm = await jsm.streams.getMessage(`KV_${bucket}`, {
+            last_by_subj: `$KV.${bucket}.k`,
+          }).catch(() => null);
+          return sm === null;
+        },
+        3 * TTL,
+        "the marker's expiry",
+      );
+      const goneAfter = performance.now() - markerAt;
+      const d = await manager({ node: "d", bucket, restartGrace: true });
+      const t = performance.now();
+      const epoch = await d.guard("k", (l) => l.epoch).catch((e) => e);
+      report("after an expiry marker", {
+        markerLife: goneAfter,
+        freshWrite: performance.now() - t,
+      });
+      assert.ok(goneAfter >= TTL - 20, `${goneAfter} ms`);
+      assert.equal(typeof epoch, "number", String(epoch));
+    },
+  );
+
   for (const how of ["release", "close"] as const) {
     test(`guard({ wait: true }) writes within 50 ms of the holder's clean ${how}()`, async () => {
       const bucket = uniq("w");
@@ -228,6 +342,8 @@ describe("waiting for a lease", () => {
       LEASE_TTL: String(TTL),
       LEASE_WRITE_MS: "10",
       LEASE_MODE: "loop",
+      // No marker: the waiter's own timer is what this test measures.
+      LEASE_MARKERS: "0",
     });
     try {
       const s = await c.until((e) => e.ev === "start");

@@ -17,11 +17,7 @@
 
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
-import {
-  createLeaseManager,
-  NotHolderError,
-  UnavailableError,
-} from "../mod.ts";
+import { createLeaseManager } from "../mod.ts";
 
 // One URL, or several separated by commas for a cluster.
 const servers = (Bun.env.NATS_URL ?? "nats://127.0.0.1:4222").split(",");
@@ -55,44 +51,28 @@ let written = 0;
     signal: stop.signal,
   });
 
-  // What we last reported, so a state is reported once, not on every retry.
-  let state = "";
+  // Say once who holds the key, if another node does: the guard below
+  // then waits quietly for its turn.
+  const holder = await leases.holder(key);
+  if (holder !== null && holder.node !== node) {
+    log(`waiting: '${key}' is held by ${holder.node}`);
+  }
   while (!stop.signal.aborted) {
     try {
+      // With wait: true the guard waits until this node holds the lease
+      // (at once after a clean release; after a crash, once the entry has
+      // expired and the failover grace has passed) and rides out outages.
       // The write runs only once a compare-and-set on the lease entry proved
-      // that this node holds it. `epoch` grows with every change of holder.
+      // that this node holds it; `epoch` grows with every change of holder.
       await leases.guard(key, ({ epoch }) => {
         written++;
         log(`wrote order #${written} at epoch ${epoch}`);
-      }, { signal: stop.signal });
-      state = "writing";
+      }, { signal: stop.signal, wait: true });
       await sleep(500, stop.signal);
     } catch (err) {
+      // Aborted: Ctrl-C or the end of the run. Anything else is a bug.
       if (stop.signal.aborted) break;
-      if (err instanceof NotHolderError && err.retryAfter !== undefined) {
-        // We just took the lease; a previous holder may still be finishing a
-        // write, so the first write waits one TTL (the failover grace).
-        if (state !== "grace") {
-          log(
-            `acquired '${key}', waiting out the grace: ${
-              Math.ceil(err.retryAfter)
-            } ms`,
-          );
-        }
-        state = "grace";
-        await sleep(err.retryAfter, stop.signal);
-      } else if (err instanceof NotHolderError) {
-        if (state !== `held by ${err.holder}`) {
-          log(`waiting: '${key}' is held by ${err.holder}`);
-        }
-        state = `held by ${err.holder}`;
-        await sleep(100, stop.signal);
-      } else if (err instanceof UnavailableError) {
-        log(`NATS unavailable, write refused: ${err.message}`);
-        await sleep(500, stop.signal);
-      } else {
-        throw err;
-      }
+      throw err;
     }
   }
   log(`stopping (${stop.signal.reason})`);

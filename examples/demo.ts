@@ -65,8 +65,8 @@ function describe(e: Event): string {
       return "connected, lease manager ready";
     case "waiting":
       return `waiting: '${KEY}' is held by ${e.holder}`;
-    case "grace":
-      return `acquired '${KEY}'; waits ${e.ms} ms (the grace) before its first write, in case an earlier holder is still finishing one`;
+    case "leader":
+      return `elected by campaign(): holds '${KEY}' at epoch ${e.epoch}`;
     case "write":
       return `write #${e.n} under the lease, epoch ${e.epoch}`;
     case "unavailable":
@@ -162,9 +162,23 @@ function exited(node: string): Promise<number | string | null> {
 
 async function run(servers: string, bucket: string): Promise<boolean> {
   phase(
-    `Three nodes start at once and contend for '${KEY}' (lease TTL ${TTL} ms)`,
+    `Three nodes start at once and campaign for '${KEY}' (lease TTL ${TTL} ms)`,
   );
   for (const node of NODES) startNode(node, servers, bucket);
+  const elected = await writerOf(1, 0);
+  const ready = events.find((e) =>
+    e.node === elected.node && e.event === "ready"
+  )!;
+  line(
+    "demo",
+    `fresh key: ${elected.node} wrote ${
+      Math.round(elected.at - ready.at)
+    } ms after it was ready (${
+      elected.at - ready.at < TTL
+        ? "at once: the server proves the key was never used"
+        : "after the grace: this server cannot tell a never-used key from an expired one"
+    })`,
+  );
   const first = await writerOf(3, 0);
   const holder1 = first.node;
 

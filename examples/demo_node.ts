@@ -1,8 +1,9 @@
 /**
  * One node of the demo (demo.ts starts three of these as child processes).
  *
- * It tries to write to one store key in a loop and reports each step as one
- * JSON line on stdout, which demo.ts turns into the timeline. SIGINT shuts it
+ * It campaigns for one store key, writes to it while it leads, and reports
+ * each step as one JSON line on stdout, which demo.ts turns into the
+ * timeline. SIGINT shuts it
  * down cleanly: the lease manager releases the lease on the way out. SIGKILL
  * is the crash: nothing is released, and the lease has to expire.
  *
@@ -40,38 +41,41 @@ const leases = await createLeaseManager({
 });
 emit("ready");
 
-let writes = 0;
-// What we last reported, so a state is reported once, not on every retry.
-let state = "";
-while (!stop.signal.aborted) {
-  try {
-    await leases.guard(key, ({ epoch }) => {
-      writes++;
-      emit("write", { n: writes, epoch });
-    }, { signal: stop.signal });
-    state = "writing";
-    await sleep(300);
-  } catch (err) {
-    if (stop.signal.aborted) break;
-    if (err instanceof NotHolderError && err.retryAfter !== undefined) {
-      if (state !== "grace") emit("grace", { ms: Math.ceil(err.retryAfter) });
-      state = "grace";
-      await sleep(err.retryAfter);
-    } else if (err instanceof NotHolderError) {
-      if (state !== `held by ${err.holder}`) {
-        emit("waiting", { holder: err.holder });
-      }
-      state = `held by ${err.holder}`;
-      // Poll often, so a released lease is taken over within tens of ms.
-      await sleep(25);
-    } else if (err instanceof UnavailableError) {
-      emit("unavailable", { message: err.message });
-      await sleep(100);
-    } else {
-      throw err;
+// Who holds the key, as this node's watch sees it (a hint, never a licence
+// to write): reported whenever another node takes it.
+const watching = (async () => {
+  let last = "";
+  for await (const h of leases.watch(key, { signal: stop.signal })) {
+    if (h !== null && h.node !== node && h.node !== last) {
+      emit("waiting", { holder: h.node });
     }
+    last = h?.node ?? "";
+  }
+})();
+
+let writes = 0;
+// Leader election: campaign() yields a lease each time this node becomes the
+// holder (after any grace), and campaigns again when that tenure ends. The
+// writes still go through guard(), which checks the lease at the commit point.
+for await (const lease of leases.campaign(key, { signal: stop.signal })) {
+  emit("leader", { epoch: lease.epoch });
+  while (!lease.signal.aborted && !stop.signal.aborted) {
+    try {
+      await leases.guard(key, ({ epoch }) => {
+        writes++;
+        emit("write", { n: writes, epoch });
+      }, { signal: stop.signal });
+    } catch (err) {
+      if (stop.signal.aborted) break;
+      if (err instanceof UnavailableError) {
+        emit("unavailable", { message: err.message });
+      } else if (!(err instanceof NotHolderError)) throw err;
+      // NotHolderError: the tenure ended; the campaign goes on.
+    }
+    await sleep(300);
   }
 }
+await watching;
 await leases.close(); // resolves once our lease, if any, is released
 emit("stopped");
 await nc.close();

@@ -20,11 +20,7 @@ import process from "node:process";
 import { setTimeout as sleep } from "node:timers/promises";
 import { connect } from "@nats-io/transport-node";
 // Node resolves relative imports literally: keep the `.ts` extension.
-import {
-  createLeaseManager,
-  NotHolderError,
-  UnavailableError,
-} from "../mod.ts";
+import { createLeaseManager } from "../mod.ts";
 
 // One URL, or several separated by commas for a cluster.
 const servers = (process.env.NATS_URL ?? "nats://127.0.0.1:4222").split(",");
@@ -58,44 +54,28 @@ let written = 0;
     signal,
   });
 
-  // What we last reported, so a state is reported once, not on every retry.
-  let state = "";
+  // Say once who holds the key, if another node does: the guard below
+  // then waits quietly for its turn.
+  const holder = await leases.holder(key);
+  if (holder !== null && holder.node !== node) {
+    log(`waiting: '${key}' is held by ${holder.node}`);
+  }
   while (!signal.aborted) {
     try {
+      // With wait: true the guard waits until this node holds the lease
+      // (at once after a clean release; after a crash, once the entry has
+      // expired and the failover grace has passed) and rides out outages.
       // The write runs only once a compare-and-set on the lease entry proved
-      // that this node holds it. `epoch` grows with every change of holder.
+      // that this node holds it; `epoch` grows with every change of holder.
       await leases.guard(key, ({ epoch }) => {
         written++;
         log(`wrote order #${written} at epoch ${epoch}`);
-      }, { signal });
-      state = "writing";
+      }, { signal, wait: true });
       await sleep(500, undefined, { signal });
     } catch (err) {
+      // Aborted: Ctrl-C or the end of the run. Anything else is a bug.
       if (signal.aborted) break;
-      if (err instanceof NotHolderError && err.retryAfter !== undefined) {
-        // We just took the lease; a previous holder may still be finishing a
-        // write, so the first write waits one TTL (the failover grace).
-        if (state !== "grace") {
-          log(
-            `acquired '${key}', waiting out the grace: ${
-              Math.ceil(err.retryAfter)
-            } ms`,
-          );
-        }
-        state = "grace";
-        await sleep(err.retryAfter, undefined, { signal }).catch(() => {});
-      } else if (err instanceof NotHolderError) {
-        if (state !== `held by ${err.holder}`) {
-          log(`waiting: '${key}' is held by ${err.holder}`);
-        }
-        state = `held by ${err.holder}`;
-        await sleep(100, undefined, { signal }).catch(() => {});
-      } else if (err instanceof UnavailableError) {
-        log(`NATS unavailable, write refused: ${err.message}`);
-        await sleep(500, undefined, { signal }).catch(() => {});
-      } else {
-        throw err;
-      }
+      throw err;
     }
   }
   log(`stopping (${signal.reason === "SIGINT" ? "SIGINT" : "time is up"})`);

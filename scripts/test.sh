@@ -20,8 +20,8 @@
 #   LEASE_SKIP_SETUP=1      do not run scripts/setup.sh first
 #
 # Prints one line per runtime and server, e.g.
-#   deno  server 2.15.2: 12 passed, 0 failed (34 s)
-# and last "N passed, N failed". Exits non-zero if anything failed. Each
+#   deno  server 2.15.2: 12 passed, 0 failed, 0 skipped (34 s)
+# and last "N passed, N failed, N skipped". Exits non-zero if anything failed. Each
 # run's full output is kept in a log under a temp dir; a failing run's tail is
 # printed.
 set -euo pipefail
@@ -121,7 +121,7 @@ server_binary() {
   esac
 }
 
-# Counts leaf tests in deno's pretty output, as "PASSED FAILED". Deno's own
+# Counts leaf tests in deno's pretty output, as "PASSED FAILED SKIPPED". Deno's own
 # summary counts top-level tests only ("12 passed (69 steps)": a describe()
 # group counts once and its tests are "steps"), while bun and node count
 # every test; counting leaves keeps the runtimes comparable. A group opens
@@ -132,7 +132,7 @@ deno_leaves() {
   local re_open='^( *)(.*) \.\.\.$'
   local re_result='^( *)(.*) \.\.\. (ok|FAILED|ignored)( \([^)]*\))*$'
   local -a names=() indents=() kids=()
-  local passed=0 failed=0 in_output=0 line indent name result n leaf
+  local passed=0 failed=0 skipped=0 in_output=0 line indent name result n leaf
   while IFS= read -r line; do
     if ((in_output)); then
       [[ "$line" =~ ^\ *-----\ output\ end\ -----$ ]] && in_output=0
@@ -157,6 +157,7 @@ deno_leaves() {
         case "$result" in
         ok) passed=$((passed + 1)) ;;
         FAILED) failed=$((failed + 1)) ;;
+        ignored) skipped=$((skipped + 1)) ;;
         esac
       fi
     elif [[ "$line" =~ $re_open ]]; then
@@ -165,13 +166,13 @@ deno_leaves() {
       kids+=(0)
     fi
   done <<<"$1"
-  echo "$passed $failed"
+  echo "$passed $failed $skipped"
 }
 
-# Prints "PASSED FAILED" from a runtime's summary, or nothing when there is
-# none (the runtime crashed or was killed).
+# Prints "PASSED FAILED SKIPPED" from a runtime's summary, or nothing when
+# there is none (the runtime crashed or was killed).
 parse_summary() {
-  local runtime="$1" log="$2" clean passed failed cancelled
+  local runtime="$1" log="$2" clean passed failed cancelled skipped=0
   clean="$(sed 's/\x1b\[[0-9;]*m//g' "$log")"
   case "$runtime" in
   deno)
@@ -183,9 +184,10 @@ parse_summary() {
     line="$(grep -E '^(ok|FAILED) \| [0-9]+ passed' <<<"$clean" | tail -n 1)" || return 0
     passed="$(sed -E 's/^[^|]*\| ([0-9]+) passed.*/\1/' <<<"$line")"
     failed="$(sed -E 's/.*\| ([0-9]+) failed.*/\1/' <<<"$line")"
+    if [[ "$line" =~ \|\ ([0-9]+)\ ignored ]]; then skipped="${BASH_REMATCH[1]}"; fi
     if [[ "$line" == *step* ]]; then
       local top_failed="$failed"
-      read -r passed failed < <(deno_leaves "$clean")
+      read -r passed failed skipped < <(deno_leaves "$clean")
       ((failed > 0 || top_failed == 0)) || failed="$top_failed"
     fi
     ;;
@@ -193,6 +195,7 @@ parse_summary() {
     # " 8 pass" and " 0 fail" lines after the results.
     passed="$(grep -E '^ *[0-9]+ pass$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || return 0
     failed="$(grep -E '^ *[0-9]+ fail$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || return 0
+    skipped="$(grep -E '^ *[0-9]+ skip$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || skipped=0
     ;;
   node)
     # "ℹ pass 8", "ℹ fail 0", "ℹ cancelled 0"; a cancelled test failed too.
@@ -200,13 +203,15 @@ parse_summary() {
     failed="$(grep -E '^ℹ fail [0-9]+$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || return 0
     cancelled="$(grep -E '^ℹ cancelled [0-9]+$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || cancelled=0
     failed=$((failed + ${cancelled:-0}))
+    skipped="$(grep -E '^ℹ skipped [0-9]+$' <<<"$clean" | tail -n 1 | tr -dc 0-9)" || skipped=0
     ;;
   esac
-  [[ -n "$passed" && -n "$failed" ]] && echo "$passed $failed"
+  [[ -n "$passed" && -n "$failed" ]] && echo "$passed $failed ${skipped:-0}"
 }
 
 total_passed=0
 total_failed=0
+total_skipped=0
 for runtime in "${runtimes[@]}"; do
   for server in "${servers[@]}"; do
     bin="$(server_binary "$server")"
@@ -236,6 +241,7 @@ for runtime in "${runtimes[@]}"; do
 
     summary="$(parse_summary "$runtime" "$log")"
     note=""
+    skipped=0
     if [[ -z "$summary" ]]; then
       passed=0
       failed=1
@@ -245,15 +251,15 @@ for runtime in "${runtimes[@]}"; do
         note=" [no summary, exit code $rc]"
       fi
     else
-      read -r passed failed <<<"$summary"
+      read -r passed failed skipped <<<"$summary"
       if ((rc != 0 && failed == 0)); then
         # E.g. an error outside any test, or a leak the runner reports.
         failed=1
         note=" [exit code $rc]"
       fi
     fi
-    printf '%-5s server %s: %d passed, %d failed (%d s)%s\n' \
-      "$runtime" "$version" "$passed" "$failed" "$elapsed" "$note"
+    printf '%-5s server %s: %d passed, %d failed, %d skipped (%d s)%s\n' \
+      "$runtime" "$version" "$passed" "$failed" "$skipped" "$elapsed" "$note"
     if ((failed > 0)); then
       if [[ "$runtime" == bun ]] && grep -q '^(fail)' "$log"; then
         # bun prints a failure's error above its "(fail)" line, not in the
@@ -267,8 +273,9 @@ for runtime in "${runtimes[@]}"; do
     fi
     total_passed=$((total_passed + passed))
     total_failed=$((total_failed + failed))
+    total_skipped=$((total_skipped + skipped))
   done
 done
 
-echo "$total_passed passed, $total_failed failed"
+echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
 ((total_failed == 0))

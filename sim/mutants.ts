@@ -196,6 +196,30 @@ export const MUTANTS: readonly Mutant[] = [
       "not reached by the random fault model: it is unsafe only when a bucket re-created while the holder was paused reaches the holder's exact revision on its key (otherwise a CAS on our own revision proves nobody wrote since, so carrying on is safe); lease_safety_test.ts checks the new tenure on a real server",
     edits: [["if (sent >= st.tenure!.validUntil) {", `if (${NEVER}) {`]],
   },
+  {
+    name: "empty_key_no_grace",
+    hole: "F1",
+    description:
+      "a key with no entry is taken at once even where no marker is proven (the restart hole)",
+    expect: "P1",
+    seed: 1413,
+    edits: [[
+      "grace = unknownPast ? this.ttl - this.#markerLife : 0;",
+      "grace = 0;",
+    ]],
+  },
+  {
+    name: "marker_life_overrated",
+    hole: "F2",
+    description:
+      "a marker is taken to live a whole TTL whatever its configured life (a marker TTL shorter than the TTL)",
+    expect: "P2",
+    seed: 2879,
+    edits: [[
+      "this.#markerLife = Math.max(0, Math.min(o.markerLife, o.ttl));",
+      "this.#markerLife = o.markerLife > 0 ? o.ttl : 0;",
+    ]],
+  },
 ];
 
 /**

@@ -389,7 +389,10 @@ export async function runHistory(
     let t = sched.now;
     trace.add(t, key, "sim", () => `storm of ${n} operator writes`);
     for (let i = 0; i < n; i++) {
-      const p = rStorm.chance(0.5);
+      // No purges on marker buckets: a purge tombstone expires without a
+      // marker, which the fast path for empty keys assumes never happens
+      // while a holder may be alive (see LeaseManagerOptions.markers).
+      const p = rStorm.chance(0.5) && !plan.markers;
       sched.at(t, () => {
         if (quiet) return;
         disturbances.push({
@@ -480,6 +483,13 @@ export async function runHistory(
     timeout: plan.timeout,
     bucket: "leases",
     restartGrace: true,
+    // What createLeaseManager proves from the stream's configuration (the
+    // simulated servers are all recent enough when markers are on).
+    markerLife: plan.markers
+      ? (Math.floor(plan.markerTTL / 1000) * 1000 > ttl
+        ? ttl
+        : Math.floor(plan.markerTTL / 1000) * 1000 - 50)
+      : 0,
     settleTimeout: plan.settleTimeout,
     idleRelease: plan.idleRelease,
     signal: undefined,
@@ -750,7 +760,7 @@ export async function runHistory(
         const n = plan.bursts && rFault.chance(0.5) ? 3 + rFault.int(4) : 1;
         let t = sched.now;
         for (let i = 0; i < n; i++) {
-          const p = i === 0 ? purge : rFault.chance(0.5);
+          const p = (i === 0 ? purge : rFault.chance(0.5)) && !plan.markers;
           sched.at(t, () => {
             if (quiet) return;
             disturbances.push({

@@ -3,6 +3,7 @@
 // event on stdout: {"ev":"start"|"end"|"refused"|"closed"|"ready", ...}.
 //
 // Environment: NATS_URL, LEASE_BUCKET, LEASE_KEY, LEASE_NODE, LEASE_TTL,
+// LEASE_MARKERS ("0": create the bucket without subject delete markers),
 // LEASE_MODE ("loop": guarded writes of LEASE_WRITE_MS each, forever;
 // "once": one guarded write, then close() and exit; "drop": one guarded
 // write, then close the connection without close(); "campaign": campaign
@@ -30,6 +31,7 @@ const leases = await createLeaseManager({
   bucket: env.LEASE_BUCKET!,
   ttl: Number(env.LEASE_TTL),
   restartGrace: false,
+  markers: env.LEASE_MARKERS !== "0",
 });
 const key = env.LEASE_KEY!;
 const writeMs = Number(env.LEASE_WRITE_MS ?? 100);
