@@ -460,7 +460,7 @@ describe("wire compatibility with the Go reference (lease.go) on one bucket", ()
       nc: await conn(url),
       node,
       ttl: TTL,
-      markers,
+      ...(markers === undefined ? {} : { markers }),
     });
     managers.push(m);
     return m;

@@ -20,7 +20,11 @@ import {
   NotHolderError,
 } from "./mod.ts";
 import { sleep, uniq } from "./test_util/lease_helpers.ts";
-import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
+import {
+  NatsCluster,
+  NatsServer,
+  natsServerBinary,
+} from "./test_util/nats_server.ts";
 
 const TTL = 1000;
 
@@ -152,6 +156,78 @@ function startChild(env: Record<string, string>) {
       }
     },
   };
+}
+
+/**
+ * Three child processes campaign for one key (child i connects to
+ * `urls[i % urls.length]`). The leader is killed by SIGKILL, the next one
+ * shut down by SIGTERM (close()), and the checks run on the tenures the
+ * children report, timed by the wall clock they share with this process:
+ * exactly one leader at any time, every tenure's epoch greater than the last,
+ * a killed leader replaced after its expiry plus the grace, a closed one at
+ * once.
+ */
+async function campaignThreeProcesses(
+  urls: string[],
+  bucket: string,
+): Promise<Record<string, number>> {
+  const children = [0, 1, 2].map((i) =>
+    startChild({
+      NATS_URL: urls[i % urls.length]!,
+      LEASE_BUCKET: bucket,
+      LEASE_KEY: "lead",
+      LEASE_NODE: `p${i}`,
+      LEASE_TTL: String(TTL),
+      LEASE_MODE: "campaign",
+    })
+  );
+  const leads = () =>
+    children.flatMap((c, i) =>
+      c.events.filter((e) => e.ev === "lead").map((e) => ({ ...e, i }))
+    ).sort((a, b) => a.t - b.t);
+  try {
+    await Promise.all(children.map((c) => c.until((e) => e.ev === "ready")));
+    await eventually(() => leads().length === 1, 5 * TTL, "a first leader");
+    await sleep(2 * TTL); // renewals keep it leading; nobody else leads
+    assert.equal(leads().length, 1, JSON.stringify(leads()));
+    const first = leads()[0]!;
+
+    // SIGKILL the leader: its entry expires, then the grace runs.
+    const killedAt = Date.now();
+    kill(children[first.i]!.child.pid!);
+    await children[first.i]!.exited;
+    await eventually(() => leads().length === 2, 4 * TTL, "a second leader");
+    const second = leads()[1]!;
+    await sleep(TTL);
+
+    // SIGTERM the second: close() hands the key over at once.
+    children[second.i]!.child.kill("SIGTERM");
+    const closed = await children[second.i]!.until((e) => e.ev === "closed");
+    await eventually(() => leads().length === 3, 2 * TTL, "a third leader");
+    const third = leads()[2]!;
+    const unlead = children[second.i]!.events.find((e) => e.ev === "unlead")!;
+    await sleep(500);
+
+    const all = leads();
+    assert.equal(all.length, 3, JSON.stringify(all));
+    assert.equal(new Set(all.map((l) => l.i)).size, 3);
+    assert.ok(second.epoch! > first.epoch!, JSON.stringify(all));
+    assert.ok(third.epoch! > second.epoch!, JSON.stringify(all));
+    // One leader at a time: each tenure starts after the last one ended
+    // (the killed leader's at the kill, the closed one's at its "unlead").
+    assert.ok(second.t >= killedAt, JSON.stringify(all));
+    assert.ok(unlead !== undefined && third.t >= unlead.t, JSON.stringify(all));
+    assert.deepEqual(closed.released, ["lead"]);
+    const killToLead = second.t - killedAt;
+    assert.ok(killToLead >= TTL, `${killToLead} ms`);
+    assert.ok(killToLead <= 2 * TTL + 250 + FAILOVER_BOUND, `${killToLead} ms`);
+    return { killToLead, unleadToLead: third.t - unlead.t };
+  } finally {
+    for (const c of children) {
+      kill(c.child.pid!);
+      await c.exited;
+    }
+  }
 }
 
 describe("waiting for a lease", () => {
@@ -773,6 +849,12 @@ describe("waiting for a lease", () => {
     }
   });
 
+  test("campaign() in three processes: one leader at a time, growing epochs, a SIGKILLed leader replaced after the grace, a closed one at once", async () => {
+    const figures = await campaignThreeProcesses([ns.url], uniq("p"));
+    report(`campaign in three processes (TTL ${TTL})`, figures);
+    assert.ok(figures.unleadToLead! < 50, `${figures.unleadToLead} ms`);
+  });
+
   test("close() stops every waiter, campaign and watch: a child process exits by itself", async () => {
     const bucket = uniq("x");
     // A long TTL: a timer left behind would keep the child alive for it.
@@ -806,5 +888,42 @@ describe("waiting for a lease", () => {
       kill(c.child.pid!);
       await c.exited;
     }
+  });
+});
+
+describe("campaign on a 3-node cluster", () => {
+  // 2.9.10 cannot compare-and-set safely on a replicated stream, so the
+  // manager refuses R3 there (lease_cluster_test.ts); R1 still spreads the
+  // clients over the three nodes.
+  const [maj = 0, min = 0, pat = 0] = SERVER_VERSION.split(".").map(Number);
+  const replicas = maj > 2 || (maj === 2 && (min > 9 || pat >= 21)) ? 3 : 1;
+  let cluster: NatsCluster;
+  before(async () => {
+    cluster = await NatsCluster.start(3);
+  });
+  after(async () => {
+    await cluster[Symbol.asyncDispose]();
+  });
+
+  test(`campaign() in three processes, each on its own node of the cluster (R${replicas}, nats-server ${SERVER_VERSION}): one leader at a time, growing epochs, killed and closed leaders replaced`, async () => {
+    const bucket = uniq("pc");
+    // Made here with the replicas; the children open it.
+    const nc = await conn(cluster.urls[0]!);
+    try {
+      const m = await createLeaseManager({
+        nc,
+        node: "maker",
+        bucket,
+        ttl: TTL,
+        replicas,
+      });
+      await m.close();
+    } finally {
+      await nc.close();
+    }
+    const figures = await campaignThreeProcesses(cluster.urls, bucket);
+    report(`campaign in three processes on a cluster, R${replicas}`, figures);
+    // Across nodes the release reaches the others through the routes.
+    assert.ok(figures.unleadToLead! < 100, `${figures.unleadToLead} ms`);
   });
 });

@@ -450,8 +450,10 @@ export function check(h: History): CheckResult {
     const sends = n.sends.filter((s) =>
       s.key === tr.key && s.what === "write" && s.t <= end
     ).map((s) => s.t);
+    // From the moment it vouches: a tenure can start on an older send (an
+    // acquire whose reply was lost and is recognised later), and how old that
+    // send is is P3's matter (the deadline), not a renewal that stopped.
     let prev = tr.from;
-    for (const t of sends) if (t <= tr.from) prev = t;
     const gap = (t0: number, t1: number): boolean => {
       if (n.local(t1) - n.local(t0) <= limit) return false;
       return !h.disturbances.some((d) =>

@@ -33,6 +33,11 @@ export interface Mutant {
    * (a head start for tests; it moves when lease.ts or the simulator does).
    */
   readonly seed?: number;
+  /**
+   * Histories a hunt from seed 0 gets at least, for a hole the fault model
+   * reaches rarely (the hunt's own budget when larger).
+   */
+  readonly budget?: number;
   /** [search, replacement] pairs. */
   readonly edits: readonly (readonly [string, string])[];
 }
@@ -59,7 +64,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a release inside the releaser's own grace is written as a clean release",
     expect: "P1",
-    seed: 322,
+    seed: 1432,
     edits: [[
       "now >= st.notBefore && t !== undefined && now < t.validUntil &&",
       "t !== undefined && now < t.validUntil &&",
@@ -71,7 +76,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a renewal's read-back goes to any replica, and not-found there counts as lost",
     expect: "P4",
-    seed: 10,
+    seed: 2,
     edits: [
       [
         "          at > 0 ? at : undefined,\n          true,\n",
@@ -86,7 +91,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "resuming our own acquire after a lost reply resets the grace to none",
     expect: "P1",
-    seed: 3249,
+    seed: 4089,
     edits: [[
       "this.#tookOver(st, seen.seq, p.grace, p.sent);",
       "this.#tookOver(st, seen.seq, 0, p.sent);",
@@ -98,7 +103,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "throwIfLost() trusts the signal only, which a paused process's timer aborts late",
     expect: "P3",
-    seed: 162,
+    seed: 26,
     edits: [[
       "    const now = this.#port.now();\n    if (now >= this.#tenure.validUntil) {",
       `    const now = this.#port.now();\n    if (${NEVER}) {`,
@@ -125,7 +130,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "an acquiring CAS whose reply was lost is not recognised as our own",
     expect: "P5",
-    seed: 99,
+    seed: 117,
     edits: [["        if (p) {", `        if (p && ${NEVER}) {`]],
   },
   {
@@ -213,8 +218,11 @@ export const MUTANTS: readonly Mutant[] = [
     hole: "F2",
     description:
       "a marker is taken to live a whole TTL whatever its configured life (a marker TTL shorter than the TTL)",
-    expect: "P2",
-    seed: 2879,
+    expect: "P1",
+    seed: 20067,
+    // Unsafe only for a holder paused at its commit point for about the
+    // marker's missing life, which few histories do.
+    budget: 30_000,
     edits: [[
       "this.#markerLife = Math.max(0, Math.min(o.markerLife, o.ttl));",
       "this.#markerLife = o.markerLife > 0 ? o.ttl : 0;",

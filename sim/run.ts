@@ -461,7 +461,13 @@ async function main(argv: readonly string[]): Promise<number> {
         );
         continue;
       }
-      const row = await hunt(m, a.from, budget, a.options, real);
+      const row = await hunt(
+        m,
+        a.from,
+        Math.max(budget, m.budget ?? 0),
+        a.options,
+        real,
+      );
       if (m.expect !== undefined && row.seed === undefined) missed++;
       console.log(
         `| ${m.hole} | ${m.name} | ${m.expect ?? `none (${m.why})`} | ${

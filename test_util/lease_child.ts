@@ -7,7 +7,8 @@
 // LEASE_MODE ("loop": guarded writes of LEASE_WRITE_MS each, forever;
 // "once": one guarded write, then close() and exit; "drop": one guarded
 // write, then close the connection without close(); "campaign": campaign
-// for the key forever, printing "lead" and "unlead" with the epoch;
+// for the key forever, printing "lead" and "unlead" with the epoch, and on
+// SIGTERM close(), the connection, "closed" and exit;
 // "waitclose": a waiting guard, a campaign and a watch on the key (held by
 // someone else), then close() and the connection, printing "closed" and
 // "settled": the process must then exit by itself).
@@ -38,6 +39,14 @@ const writeMs = Number(env.LEASE_WRITE_MS ?? 100);
 say("ready");
 
 if (env.LEASE_MODE === "campaign") {
+  // SIGTERM: a clean shutdown, which hands the key over at once.
+  process.on("SIGTERM", () => {
+    void leases.close().then(async (r) => {
+      await nc.close();
+      say("closed", { released: r.released, unreleased: r.unreleased });
+      process.exit(0);
+    });
+  });
   for await (const lease of leases.campaign(key)) {
     say("lead", { epoch: lease.epoch });
     await new Promise((r) =>
