@@ -100,8 +100,10 @@
  *    on the key's subject), a hint that may lag like any read. What it
  *    reports only decides when a waiter runs the acquire path of 1-3
  *    again (a release, a delete, an expiry marker, another node's entry;
- *    or one TTL plus 300 ms after the holder's last renewal was seen, as
- *    servers before 2.11 send nothing when an entry expires); a renewal by
+ *    or, where no marker will come, reads every 25 ms from one TTL after
+ *    the holder's last renewal was seen until the entry is gone or 600 ms
+ *    have passed, as servers before 2.11 send nothing when an entry
+ *    expires); a renewal by
  *    the same holder only moves that timer. A campaign's lease is a
  *    guard's lease, and a release ends the tenure (its signal aborts)
  *    before its delete is sent, so a waiter can see the key free only
@@ -333,8 +335,9 @@ export interface GuardOptions {
    * guard retries the ordinary acquire path (read, compare-and-set, grace)
    * when the key's watch reports a change that may let it in (a release, a
    * delete, an expiry, another node's entry), when the holder's entry is
-   * due to have expired (one TTL plus 300 ms after its last renewal was
-   * seen: servers before 2.11 send no message when an entry expires), at
+   * due to have expired (on a bucket without expiry markers, which sends no
+   * message when an entry expires, reads from one TTL after its last
+   * renewal was seen, every 25 ms, for at most 600 ms), at
    * the end of the grace, or after an {@linkcode UnavailableError} (backing
    * off from 50 ms to TTL/3). Waiting decides only when to try again;
    * nothing but a successful compare-and-set lets the write run.
@@ -530,8 +533,8 @@ export interface LeaseManager extends AsyncDisposable {
    * so route by it but never let it authorise a write. Changes between two
    * reads may be missed when the consumer falls behind, but never reordered.
    * Servers before 2.11 (or buckets without subject delete markers) send no
-   * message when an entry expires: the `null` then comes from a read one
-   * TTL plus 300 ms after the holder's last renewal was seen.
+   * message when an entry expires: the `null` then comes from reads made
+   * every 25 ms from one TTL after the holder's last renewal was seen.
    *
    * Ends (returns) when `options.signal` aborts, the manager closes, or the
    * connection closes for good. Iterators of one key share one watch.
@@ -972,6 +975,17 @@ class KeyState {
  * 2.15.2), and an expiry without a subject delete marker sends no message.
  */
 const EXPIRY_MARGIN = 300;
+
+/**
+ * Without markers, the fallback looks for the expiry from the end of the TTL
+ * (2.9.10 expires entries nearly on time) every {@linkcode EXPIRY_STEP} ms
+ * until this long after it (twice the lateness above, for a loaded server):
+ * at most 25 reads per holder that stopped renewing, then every TTL/10.
+ */
+const EXPIRY_WINDOW = 600;
+
+/** The pause between two of those reads. */
+const EXPIRY_STEP = 25;
 
 /** The first pause after an UnavailableError of a waiting guard; it doubles to TTL/3. */
 const FIRST_BACKOFF = 50;
@@ -1633,9 +1647,11 @@ class Manager implements LeaseManager {
   }
 
   /**
-   * (Re)arms the fallback timer of `kw`: at the last news of a holder's
-   * entry plus one TTL plus the server's lateness, when an expiry without
-   * a marker is due (and then every TTL/10 while the entry stays); every
+   * (Re)arms the fallback timer of `kw`: when an expiry without a marker
+   * is due, from the last news of a holder's entry plus one TTL, every 25
+   * ms for 600 ms, so a waiter learns of it within 25 ms (a bucket with
+   * markers is told by one, and reads only 300 ms late); then every TTL/10
+   * while the entry stays; every
    * TTL/10 while waiters wait though the watch shows no holder (a reader
    * lagging behind the watch); every TTL/3 without `Port.watch` or before
    * the watch's first news.
@@ -1648,7 +1664,12 @@ class Manager implements LeaseManager {
     let at: number;
     if (!this.#port.watch || kw.seen === undefined) at = now + this.ttl / 3;
     else if (kw.seen?.kind === "put") {
-      at = Math.max(kw.seenAt + this.ttl + EXPIRY_MARGIN, now + this.ttl / 10);
+      const due = kw.seenAt + this.ttl;
+      // A bounded burst of reads around one expected expiry, never while
+      // the holder renews: each renewal moves `seenAt`, and the timer.
+      at = this.#markerLife === 0 && now < due + EXPIRY_WINDOW
+        ? Math.max(due, now + EXPIRY_STEP)
+        : Math.max(due + EXPIRY_MARGIN, now + this.ttl / 10);
     } else if (kw.waiters.size > 0) at = now + this.ttl / 10;
     else return;
     kw.timer = this.#port.setTimer(() => void this.#onWatchTimer(kw), at - now);
@@ -1678,7 +1699,9 @@ class Manager implements LeaseManager {
     if (kw.wakes === before) {
       const s = kw.seen;
       const overdue = s?.kind !== "put" ||
-        this.#port.now() >= kw.seenAt + this.ttl + EXPIRY_MARGIN;
+        this.#port.now() >=
+          kw.seenAt + this.ttl +
+            (this.#markerLife === 0 ? EXPIRY_WINDOW : EXPIRY_MARGIN);
       if (!ok || overdue) this.#wake(kw);
     }
     this.#armWatch(kw);
