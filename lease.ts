@@ -1014,6 +1014,8 @@ class KeyWatch {
   lastSeq = 0;
   /** Counts the news that may let a waiter in. */
   wakes = 0;
+  /** The `seenAt` whose entry the waiters were last woken for as overdue. */
+  dueWake = -1;
   /** Waiting guards to wake on such news (or the fallback timer). */
   readonly waiters: Set<() => void> = new Set();
   readonly listeners: Set<Listener> = new Set();
@@ -1631,6 +1633,18 @@ class Manager implements LeaseManager {
     } else if (prev === null) return;
     kw.seen = seen;
     kw.seenAt = this.#port.now();
+    // Another holder's entry, seen now: its CAS was sent before the server
+    // stored it, so before now, and its holder's deadline is within one
+    // TTL of now. The acquire path's "stood still for one TTL" rule may
+    // count from here, as from a read of its own. Only a newer revision:
+    // a lagging watch must not move an observation back.
+    const st = this.#keys.get(kw.key);
+    if (
+      st !== undefined && seen?.kind === "put" &&
+      seen.seq > (st.observed?.seq ?? 0)
+    ) {
+      st.observed = { seq: seen.seq, at: kw.seenAt };
+    }
     const renewal = seen?.kind === "put" &&
       (prev === undefined
         ? seen.node !== this.node
@@ -1665,11 +1679,14 @@ class Manager implements LeaseManager {
     if (!this.#port.watch || kw.seen === undefined) at = now + this.ttl / 3;
     else if (kw.seen?.kind === "put") {
       const due = kw.seenAt + this.ttl;
-      // A bounded burst of reads around one expected expiry, never while
-      // the holder renews: each renewal moves `seenAt`, and the timer.
-      at = this.#markerLife === 0 && now < due + EXPIRY_WINDOW
-        ? Math.max(due, now + EXPIRY_STEP)
-        : Math.max(due + EXPIRY_MARGIN, now + this.ttl / 10);
+      // At `due` the entry has stood still for a TTL: waiters may take it
+      // over (then the grace). Without markers, a bounded burst of reads
+      // follows, to report the expiry itself; never while the holder
+      // renews: each renewal moves `seenAt`, and the timer.
+      if (now < due) at = due;
+      else if (this.#markerLife === 0 && now < due + EXPIRY_WINDOW) {
+        at = now + EXPIRY_STEP;
+      } else at = Math.max(due + EXPIRY_MARGIN, now + this.ttl / 10);
     } else if (kw.waiters.size > 0) at = now + this.ttl / 10;
     else return;
     kw.timer = this.#port.setTimer(() => void this.#onWatchTimer(kw), at - now);
@@ -1697,12 +1714,19 @@ class Manager implements LeaseManager {
     }
     if (kw.stopped) return;
     if (kw.wakes === before) {
+      // Woken without news: once when the entry has stood still for a TTL
+      // (its holder's deadline has passed, so the acquire path may take it
+      // over), then on every tick from when the server should have expired
+      // it (a replica late to expire, or reads that fail).
       const s = kw.seen;
+      const now = this.#port.now();
+      const due = kw.seenAt + this.ttl;
+      const first = s?.kind === "put" && now >= due &&
+        kw.dueWake !== kw.seenAt;
       const overdue = s?.kind !== "put" ||
-        this.#port.now() >=
-          kw.seenAt + this.ttl +
-            (this.#markerLife === 0 ? EXPIRY_WINDOW : EXPIRY_MARGIN);
-      if (!ok || overdue) this.#wake(kw);
+        now >= due + (this.#markerLife === 0 ? EXPIRY_WINDOW : EXPIRY_MARGIN);
+      if (first) kw.dueWake = kw.seenAt;
+      if (!ok || first || overdue) this.#wake(kw);
     }
     this.#armWatch(kw);
   }

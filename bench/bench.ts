@@ -37,7 +37,11 @@ import * as v8 from "node:v8";
 import * as vm from "node:vm";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
-import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
+import {
+  jetstream,
+  type JetStreamClient,
+  jetstreamManager,
+} from "@nats-io/jetstream";
 import { type KV, Kvm } from "@nats-io/kv";
 import {
   createLeaseManager,
@@ -282,8 +286,22 @@ export interface BenchReport {
     graceMs: number;
     /** TTL + grace: the bound on failover after a crash. */
     bound: number;
+    /** The successor retries guard() itself (sleeping `retryAfter`, or 5 ms). */
     kill: Failover;
     close: Failover;
+    /** The successor waits in one guard({ wait: true }). */
+    killWait: Failover;
+    closeWait: Failover;
+    /** guard({ wait: true }) on a bucket without expiry markers. */
+    killWaitNoMarkers: Failover;
+    /** Whether the bucket of `kill` and `killWait` has expiry markers. */
+    markers: boolean;
+    /**
+     * A never-used key: the first guard's ms (median) beside a bare
+     * `kv.create` of another new key, on the bucket with markers and on
+     * the one without.
+     */
+    fresh: { guard: number; create: number; guardNoMarkers: number };
   };
   memory: null | {
     n: number;
@@ -944,6 +962,7 @@ async function failoverOnce(
   successor: LeaseManager,
   key: string,
   how: "kill" | "close",
+  wait = false,
 ): Promise<number> {
   const ttl = successor.ttl;
   const child = startHolder(ns.url, successor.bucket, key, ttl);
@@ -958,10 +977,21 @@ async function failoverOnce(
         if (!(err instanceof NotHolderError)) throw err;
       },
     );
-    const t0 = performance.now();
+    let t0 = 0;
+    // A waiter is already waiting when the holder goes, as in a service.
+    const waiting = wait
+      ? successor.guard(key, () => performance.now(), {
+        wait: true,
+        signal: AbortSignal.timeout(15 * ttl),
+      })
+      : undefined;
+    if (waiting) await sleep(50);
+    t0 = performance.now();
     if (how === "kill") child.kill();
     else child.close();
-    const t1 = await firstWrite(successor, key, t0 + 10 * ttl);
+    const t1 = waiting
+      ? await waiting
+      : await firstWrite(successor, key, t0 + 10 * ttl);
     if (how === "close") await expectLine(child, "closed");
     return t1 - t0;
   } finally {
@@ -982,12 +1012,51 @@ async function rowFailover(
     bucket: "failover",
     ttl,
   });
+  const plain = await createLeaseManager({
+    nc,
+    node: "successor",
+    bucket: "failover_plain",
+    ttl,
+    markers: false,
+  });
   try {
-    const kill: number[] = [];
-    const close: number[] = [];
+    const markers = ((await jetstreamManager(nc).then((jsm) =>
+      jsm.streams.info("KV_failover")
+    )).config as { subject_delete_marker_ttl?: number })
+      .subject_delete_marker_ttl !== undefined;
+    const kv = await new Kvm(nc).open("failover");
+    const series = (): number[] => [];
+    const [kill, close, killWait, closeWait, killPlain] = [
+      series(),
+      series(),
+      series(),
+      series(),
+      series(),
+    ];
+    const [freshGuard, freshCreate, freshPlain] = [
+      series(),
+      series(),
+      series(),
+    ];
     for (let r = 0; r < cfg.failover.runs; r++) {
       kill.push(await failoverOnce(ns, successor, `kill.${r}`, "kill"));
       close.push(await failoverOnce(ns, successor, `close.${r}`, "close"));
+      killWait.push(
+        await failoverOnce(ns, successor, `killw.${r}`, "kill", true),
+      );
+      closeWait.push(
+        await failoverOnce(ns, successor, `closew.${r}`, "close", true),
+      );
+      killPlain.push(await failoverOnce(ns, plain, `killp.${r}`, "kill", true));
+      let t = performance.now();
+      await kv.create(`bare.${r}`, "x");
+      freshCreate.push(performance.now() - t);
+      t = performance.now();
+      await successor.guard(`fresh.${r}`, noop);
+      freshGuard.push(performance.now() - t);
+      t = performance.now();
+      await plain.guard(`fresh.${r}`, noop, { wait: true });
+      freshPlain.push(performance.now() - t);
     }
     return {
       ttl,
@@ -995,9 +1064,19 @@ async function rowFailover(
       bound: 2 * ttl,
       kill: { ms: median(kill), runs: kill },
       close: { ms: median(close), runs: close },
+      killWait: { ms: median(killWait), runs: killWait },
+      closeWait: { ms: median(closeWait), runs: closeWait },
+      killWaitNoMarkers: { ms: median(killPlain), runs: killPlain },
+      markers,
+      fresh: {
+        guard: median(freshGuard),
+        create: median(freshCreate),
+        guardNoMarkers: median(freshPlain),
+      },
     };
   } finally {
     await successor.close();
+    await plain.close();
   }
 }
 
@@ -1330,6 +1409,36 @@ export function table(r: BenchReport): string {
       ms(f.close.ms),
       `TTL + grace ${ms(f.bound)}`,
       `${num(f.close.ms / f.bound, 3)}×`,
+      "",
+    );
+    row(
+      "5",
+      `the same, the successor in guard({ wait: true }): SIGKILL / close()${
+        f.markers ? " (bucket with expiry markers)" : ""
+      }`,
+      `${ms(f.killWait.ms)} / ${ms(f.closeWait.ms)}`,
+      `TTL + grace ${ms(f.bound)}`,
+      `${num(f.killWait.ms / f.bound, 2)}× / ${
+        num(f.closeWait.ms / f.bound, 3)
+      }×`,
+      "",
+    );
+    row(
+      "5",
+      "SIGKILL, guard({ wait: true }), bucket without markers",
+      ms(f.killWaitNoMarkers.ms),
+      `TTL + grace ${ms(f.bound)}`,
+      `${num(f.killWaitNoMarkers.ms / f.bound, 2)}×`,
+      "",
+    );
+    row(
+      "5",
+      "a never-used key's first guard: with markers / without",
+      `${ms(f.fresh.guard)} / ${ms(f.fresh.guardNoMarkers)}`,
+      `bare kv.create ${ms(f.fresh.create)}`,
+      `${num(f.fresh.guard / f.fresh.create, 1)}× / ${
+        num(f.fresh.guardNoMarkers / f.fresh.create, 0)
+      }×`,
       "",
     );
   }

@@ -228,6 +228,18 @@ export const MUTANTS: readonly Mutant[] = [
       "this.#markerLife = o.markerLife > 0 ? o.ttl : 0;",
     ]],
   },
+  {
+    name: "watch_news_backdated",
+    hole: "W1",
+    description:
+      "a waiter counts a holder's entry as standing still from a TTL before its watch saw it (takes over a live holder)",
+    expect: "P6",
+    seed: 5,
+    edits: [[
+      "st.observed = { seq: seen.seq, at: kw.seenAt };",
+      "st.observed = { seq: seen.seq, at: kw.seenAt - this.ttl };",
+    ]],
+  },
 ];
 
 /**

@@ -278,6 +278,9 @@ export function describePlan(p: Plan): string {
     on.push(`idleRelease ${p.idleRelease.toFixed(0)} ms`);
   }
   if (p.blindShare) on.push(`${p.blindShare * 100}% ${p.blindKind} writes`);
+  if (p.waitShare) {
+    on.push(`${(p.waitShare * 100).toFixed(0)}% of guards wait`);
+  }
   if (p.liveness) on.push("liveness episode");
   return on.join(", ");
 }
@@ -301,6 +304,7 @@ const REDUCTIONS: ((p: Plan) => Partial<Plan>)[] = [
   () => ({ releaseEvery: 0 }),
   () => ({ idleRelease: undefined }),
   () => ({ blindShare: 0 }),
+  () => ({ waitShare: 0 }),
   () => ({ markers: false }),
   (p) => ({ keys: Math.max(1, p.keys - 1) }),
   (p) => ({ managers: Math.max(2, p.managers - 1) }),

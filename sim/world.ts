@@ -134,6 +134,12 @@ export interface Plan {
   guardEvery: number;
   blindShare: number;
   blindKind: "blind" | "escape";
+  /**
+   * Share of guards that wait (`wait: true`) instead of being refused, each
+   * giving up after a while by its signal. Drawn from a stream of its own,
+   * so that plans and workloads drawn before it stay as they were.
+   */
+  waitShare: number;
   /** Crash a holder mid-history and check that a contender takes over (P5). */
   liveness: boolean;
   /**
@@ -276,7 +282,10 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     blindKind: o.blindKind ?? "blind",
     liveness: r.chance(o.livenessChance ?? 0.3),
     storms: draw(r.chance(0.3), r.between(0.02, 0.2), 0),
+    waitShare: 0,
   };
+  const rw = stream(seed, "waitplan");
+  plan.waitShare = rw.chance(0.5) ? rw.between(0.1, 0.6) : 0;
   Object.assign(plan, o.override);
   // The liveness episode needs a manager that can still act: none made
   // defunct by the bucket or its connection, none giving keys up on its own.
@@ -332,6 +341,7 @@ export async function runHistory(
   const rTimer = stream(seed, "timers");
   const rPause = stream(seed, "pauses");
   const rStorm = stream(seed, "storms");
+  const rWait = stream(seed, "wait");
   const pauseLength = (): number => {
     const x = rPause.next();
     return x < 0.5
@@ -558,15 +568,39 @@ export async function runHistory(
   const guard = (m: Mgr, key: string, kind: WriteKind, duration: number) => {
     const node = m.node;
     const id = ++writeIds;
+    // A waiting guard gives up after 0.5-4 TTLs (its signal aborts).
+    const waitMs = rWait.chance(plan.waitShare)
+      ? rWait.between(0.5, 4) * ttl
+      : 0;
+    let options: { wait: true; signal: AbortSignal } | undefined;
+    let writing = false;
+    if (waitMs > 0) {
+      // It gives up only while waiting: a caller's signal that aborts
+      // during the write ends that write (as it should), which P6 would
+      // take for a lost lease.
+      const ac = new AbortController();
+      node.after(
+        () => {
+          if (!writing) ac.abort(new Error("gave up waiting"));
+        },
+        waitMs,
+        "timer",
+      );
+      options = { wait: true, signal: ac.signal };
+    }
     trace.add(
       sched.now,
       key,
       m.label,
-      () => `guard #${id} (${kind}, ${duration.toFixed(1)} ms)`,
+      () =>
+        `guard #${id} (${kind}, ${duration.toFixed(1)} ms${
+          waitMs > 0 ? `, waits up to ${waitMs.toFixed(1)} ms` : ""
+        })`,
     );
     const call: GuardCall = { mgr: m.label, key, t0: sched.now };
     guardCalls.push(call);
     m.mgr.guard(key, (lease) => {
+      writing = true;
       const t = sched.now;
       const local = node.local();
       const rec: WriteRec = {
@@ -612,7 +646,10 @@ export async function runHistory(
           }, not before its deadline ${lease.deadline.toFixed(3)}`,
         );
       }
-      watch(m, key, lease.signal, lease.epoch);
+      // With a caller's signal (a waiting guard), `lease.signal` follows the
+      // tenure only while the write runs, so it cannot tell when the tenure
+      // ends; the guards without one track it.
+      if (options === undefined) watch(m, key, lease.signal, lease.epoch);
       const finish = () => {
         rec.checkAt = sched.now;
         if (kind === "careful") {
@@ -666,7 +703,7 @@ export async function runHistory(
           "io",
         )
       );
-    }).then(
+    }, options).then(
       () => {
         call.t1 = sched.now;
       },
