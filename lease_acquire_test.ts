@@ -533,15 +533,19 @@ describe("waiting for a lease", () => {
           }
         })();
         const b = await manager({ node: "b", bucket });
+        kill(c.child.pid!);
+        await c.exited;
+        const killedAt = performance.now();
+        // The waiter comes late: it first sees the dead holder's entry 700
+        // ms after the kill, so its own "stood still for a TTL" rule would
+        // let it in only at 1700 ms, after the server's expiry (at most
+        // TTL/3 + TTL + 300 ms after the kill). The marker must wake it.
+        await sleep(700);
         let wroteAt = 0;
         const waiting = b.guard("k", (l) => {
           wroteAt = performance.now();
           return l.epoch;
         }, { wait: true });
-        await sleep(300);
-        kill(c.child.pid!);
-        await c.exited;
-        const killedAt = performance.now();
         await eventually(() => markedAt > 0, 3 * TTL, "the expiry marker");
         const epoch = await waiting;
         kvWatch.stop();

@@ -878,13 +878,33 @@ export class NatsCluster {
         `Cannot start cluster as 'n' must be a positive integer: received ${n}`,
       );
     }
-    const { name: _name, leaderTimeout, binaries, ...serverOptions } = options;
+    const { binaries } = options;
     if (binaries !== undefined && binaries.length > n) {
       throw new RangeError(
         `Cannot start cluster as 'binaries' names more servers than 'n': received ${binaries.length} binaries for ${n} servers`,
       );
     }
     const name = options.name ?? "nats-lease";
+    // A route port is free when picked but not yet bound, so one server's
+    // random client port can take another's route port first: start again
+    // on new ports when that happens.
+    for (let attempt = 1;; attempt++) {
+      try {
+        return await NatsCluster.#startOnce(n, name, options);
+      } catch (err) {
+        if (attempt >= 3 || !/address already in use/.test(String(err))) {
+          throw err;
+        }
+      }
+    }
+  }
+
+  static async #startOnce(
+    n: number,
+    name: string,
+    options: NatsClusterOptions,
+  ): Promise<NatsCluster> {
+    const { name: _name, leaderTimeout, binaries, ...serverOptions } = options;
     // Routes name every peer's cluster port, so those ports must be known
     // before any server starts; client and monitoring ports stay random.
     const routePorts: number[] = [];
