@@ -1052,7 +1052,8 @@ async function rowFailover(
       await kv.create(`bare.${r}`, "x");
       freshCreate.push(performance.now() - t);
       t = performance.now();
-      await successor.guard(`fresh.${r}`, noop);
+      // Waits the grace where the server has no markers (before 2.11.2).
+      await successor.guard(`fresh.${r}`, noop, { wait: true });
       freshGuard.push(performance.now() - t);
       t = performance.now();
       await plain.guard(`fresh.${r}`, noop, { wait: true });
