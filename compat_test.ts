@@ -454,13 +454,11 @@ describe("wire compatibility with the Go reference (lease.go) on one bucket", ()
   async function manager(
     node: string,
     url = ns.url,
-    markers?: boolean,
   ): Promise<LeaseManager> {
     const m = await createLeaseManager({
       nc: await conn(url),
       node,
       ttl: TTL,
-      ...(markers === undefined ? {} : { markers }),
     });
     managers.push(m);
     return m;
@@ -609,13 +607,13 @@ describe("wire compatibility with the Go reference (lease.go) on one bucket", ()
     "the Go node's Guard refuses with ErrNotHolder while our node holds, on a bucket our manager created",
     { skip, timeout: TEST_TIMEOUT },
     async () => {
-      // A server of its own, so that our manager creates the bucket and
-      // lease.New finds it. Without markers: nats.go's CreateKeyValue
-      // refuses a bucket whose configuration differs from the one it would
-      // create, and a bucket with markers does.
+      // A server of its own, so that our manager creates the bucket (with
+      // expiry markers, on 2.11.2 and later) and lease.New finds it: its
+      // CreateKeyValue fails on the different configuration, and it binds
+      // the bucket as it is.
       const ns2 = await NatsServer.start();
       servers.push(ns2);
-      const m = await manager("ts-2", ns2.url, false);
+      const m = await manager("ts-2", ns2.url);
       const epoch = await guardUntil(m, "k");
       const ours = new TsLoop(m, "k");
       const c = goNodeOn(ns2.url, "go-c", "k", 1200);
