@@ -921,6 +921,42 @@ describe("campaign on a 3-node cluster", () => {
     await cluster[Symbol.asyncDispose]();
   });
 
+  test(
+    `a never-used key on the cluster (R${replicas}, nats-server ${SERVER_VERSION}): ${
+      markersSupported(SERVER_VERSION)
+        ? "markers proven on every peer, so written in one round trip"
+        : "no markers, so written after the grace"
+    }`,
+    async () => {
+      const nc = await conn(cluster.urls[1]!);
+      try {
+        const m = await createLeaseManager({
+          nc,
+          node: "fresh",
+          bucket: uniq("fc"),
+          ttl: TTL,
+          replicas,
+        });
+        try {
+          const t0 = performance.now();
+          const epoch = await m.guard("k", (l) => l.epoch, { wait: true });
+          const took = performance.now() - t0;
+          report(`fresh-key first write on a cluster, R${replicas}`, {
+            guard: took,
+          });
+          assert.ok(epoch > 0);
+          if (markersSupported(SERVER_VERSION)) {
+            assert.ok(took < TTL / 2, `${took} ms`);
+          } else assert.ok(took >= TTL - 5, `${took} ms`);
+        } finally {
+          await m.close();
+        }
+      } finally {
+        await nc.close();
+      }
+    },
+  );
+
   test(`campaign() in three processes, each on its own node of the cluster (R${replicas}, nats-server ${SERVER_VERSION}): one leader at a time, growing epochs, killed and closed leaders replaced`, async () => {
     const bucket = uniq("pc");
     // Made here with the replicas; the children open it.
