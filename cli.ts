@@ -1,0 +1,564 @@
+/**
+ * The `lease` command: run a program only while this node holds a lease,
+ * with its fencing epoch in the environment; show, watch or evict holders.
+ *
+ * ```sh
+ * deno run -A cli.ts run nightly-report -- ./report.sh   # from a clone
+ * bun cli.ts holder nightly-report --json
+ * node cli.ts watch nightly-report
+ * ```
+ *
+ * Exit status of `lease run`: the command's own (128 + the signal number
+ * when a signal ended it), or one of {@linkcode EXIT}.
+ *
+ * @module
+ */
+
+import process from "node:process";
+import { type ChildProcess, spawn } from "node:child_process";
+import { hostname } from "node:os";
+import * as path from "node:path";
+import { fileURLToPath } from "node:url";
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
+import {
+  createLeaseManager,
+  type LeaseManager,
+  UnavailableError,
+} from "./lease.ts";
+
+/**
+ * The exit statuses of `lease` itself (BSD sysexits where one fits).
+ *
+ * @example
+ * ```ts ignore
+ * if (status === EXIT.LOST) console.error("the lease was lost: the command was stopped");
+ * ```
+ */
+export const EXIT: {
+  /** Bad arguments: a bad key or duration, a missing command, an unknown flag. */
+  readonly USAGE: 64;
+  /** The server could not be reached, has no JetStream, or refused the bucket. */
+  readonly UNAVAILABLE: 69;
+  /** The lease was lost while the command ran; the command was stopped. */
+  readonly LOST: 75;
+  /** `lease release`: the key is not held by the node named. */
+  readonly NOT_HOLDER: 1;
+} = { USAGE: 64, UNAVAILABLE: 69, LOST: 75, NOT_HOLDER: 1 };
+
+const HELP: Record<string, string> = {
+  "": `usage: lease <run|holder|watch|release> KEY [options]
+
+  lease run KEY [options] -- CMD [ARGS...]   run CMD only while holding KEY
+  lease holder KEY [--json]                  print who holds KEY
+  lease watch KEY [--json]                   print every change of holder
+  lease release KEY --node ID                evict ID's stuck lease on KEY
+
+Options for every subcommand:
+  --servers URL   NATS server(s), comma-separated (default: $NATS_URL, then 127.0.0.1:4222)
+  --bucket NAME   lease bucket (default: leases)
+  --help          this text, or a subcommand's
+
+'lease <subcommand> --help' says more.`,
+  run:
+    `usage: lease run KEY [--servers URL] [--bucket NAME] [--ttl MS] [--node ID] [--kill-after MS] -- CMD [ARGS...]
+
+Waits for its turn on KEY (a watch, no polling), then runs CMD in a process
+group of its own with LEASE_KEY, LEASE_NODE and LEASE_EPOCH in its
+environment, renewing the lease while it runs. When CMD exits the lease is
+released at once and lease exits with CMD's status (128 + N for signal N).
+
+If the lease is lost (the server unreachable past the TTL, an eviction),
+CMD's process group gets SIGTERM, then SIGKILL after --kill-after, and lease
+exits with ${EXIT.LOST}. SIGINT and SIGTERM sent to lease are passed on to CMD.
+If lease itself is killed (SIGKILL), a watchdog process stops CMD's group the
+same way as soon as lease is gone; a successor starts only after the TTL and
+the grace.
+
+  --ttl MS         lease TTL when the bucket is created (default 15000; an
+                   existing bucket's TTL is adopted)
+  --node ID        holder id (default: host name and process id)
+  --kill-after MS  SIGTERM to SIGKILL (default: a quarter of the TTL)
+
+Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.UNAVAILABLE} server unreachable or
+without JetStream, ${EXIT.LOST} lease lost while CMD ran.`,
+  holder: `usage: lease holder KEY [--servers URL] [--bucket NAME] [--json]
+
+Prints the holder of KEY and its epoch ("none" when nobody holds it). A read:
+a hint that a lagging replica may serve late. --json prints
+{"key":..,"holder":{"node":..,"epoch":..}|null}.`,
+  watch: `usage: lease watch KEY [--servers URL] [--bucket NAME] [--json]
+
+Prints the holder of KEY, then a line for every change (new holder, release,
+expiry), until interrupted.`,
+  release: `usage: lease release KEY --node ID [--servers URL] [--bucket NAME]
+
+Evicts a stuck holder: deletes KEY's entry if (and only if) ID holds it, by
+compare-and-delete on that entry's revision. The holder's command is stopped
+at its next renewal; a successor still waits out the grace (an eviction is not
+a clean release). Exits ${EXIT.NOT_HOLDER} when ID does not hold KEY.`,
+};
+
+const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
+
+type Sig = "SIGINT" | "SIGTERM" | "SIGKILL";
+
+class UsageError extends Error {
+  override name = "UsageError";
+}
+
+interface Args {
+  sub: string;
+  key: string;
+  servers: string[];
+  bucket: string;
+  ttl?: number;
+  node: string;
+  killAfter?: number;
+  json: boolean;
+  help: boolean;
+  command: string[];
+}
+
+function duration(flag: string, value: string | undefined): number {
+  const n = Number(value);
+  if (value === undefined || !/^\d+$/.test(value) || !Number.isSafeInteger(n)) {
+    throw new UsageError(
+      `${flag} needs a duration in milliseconds (a whole number): received ${
+        JSON.stringify(value ?? null)
+      }`,
+    );
+  }
+  return n;
+}
+
+/** Parses the command line; throws {@linkcode UsageError} on bad input. */
+function parse(argv: string[]): Args {
+  const dash = argv.indexOf("--");
+  const own = dash < 0 ? argv : argv.slice(0, dash);
+  const command = dash < 0 ? [] : argv.slice(dash + 1);
+  const a: Args = {
+    sub: "",
+    key: "",
+    servers: (process.env.NATS_URL || "127.0.0.1:4222").split(","),
+    bucket: "leases",
+    node: `${hostname()}-${process.pid}`,
+    json: false,
+    help: false,
+    command,
+  };
+  const rest: string[] = [];
+  for (let i = 0; i < own.length; i++) {
+    const f = own[i]!;
+    const value = (): string => {
+      const v = own[++i];
+      if (v === undefined) throw new UsageError(`${f} needs a value`);
+      return v;
+    };
+    switch (f) {
+      case "--help":
+      case "-h":
+        a.help = true;
+        break;
+      case "--json":
+        a.json = true;
+        break;
+      case "--servers":
+        a.servers = value().split(",");
+        break;
+      case "--bucket":
+        a.bucket = value();
+        break;
+      case "--node":
+        a.node = value();
+        break;
+      case "--ttl":
+        a.ttl = duration(f, own[++i]);
+        break;
+      case "--kill-after":
+        a.killAfter = duration(f, own[++i]);
+        break;
+      default:
+        if (f.startsWith("-")) throw new UsageError(`unknown option ${f}`);
+        rest.push(f);
+    }
+  }
+  a.sub = rest[0] ?? "";
+  if (a.help) return a;
+  if (!(a.sub in HELP) || a.sub === "") {
+    throw new UsageError(
+      a.sub === ""
+        ? "a subcommand is needed: run, holder, watch or release"
+        : `unknown subcommand ${JSON.stringify(a.sub)}`,
+    );
+  }
+  if (rest.length !== 2) {
+    throw new UsageError(
+      rest.length < 2
+        ? `lease ${a.sub} needs a KEY`
+        : `lease ${a.sub} takes one KEY: received ${rest.slice(1).join(" ")}`,
+    );
+  }
+  a.key = rest[1]!;
+  if (!KEY_RE.test(a.key)) {
+    throw new UsageError(
+      `invalid key ${
+        JSON.stringify(a.key)
+      }: letters, digits, '-', '_', '/', '=' in '.'-separated tokens`,
+    );
+  }
+  if (a.sub === "run" && command.length === 0) {
+    throw new UsageError("lease run needs a command after --");
+  }
+  if (a.sub !== "run" && dash >= 0) {
+    throw new UsageError(`lease ${a.sub} takes no command`);
+  }
+  if (a.sub === "release" && !own.includes("--node")) {
+    throw new UsageError("lease release needs --node ID (the holder to evict)");
+  }
+  if (a.ttl !== undefined && a.ttl < 500) {
+    throw new UsageError(`--ttl must be at least 500 ms: received ${a.ttl}`);
+  }
+  return a;
+}
+
+function say(line: string): void {
+  process.stderr.write(`lease: ${line}\n`);
+}
+
+async function open(
+  a: Args,
+  opts: { createBucket: boolean; node?: string },
+): Promise<{ nc: NatsConnection; leases: LeaseManager }> {
+  let nc: NatsConnection;
+  try {
+    nc = await connect({
+      servers: a.servers,
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: 250,
+    });
+  } catch (err) {
+    throw new UnavailableError(
+      a.key,
+      `cannot connect to ${a.servers.join(",")}: ${(err as Error).message}`,
+    );
+  }
+  try {
+    const leases = await createLeaseManager({
+      nc,
+      node: opts.node ?? a.node,
+      bucket: a.bucket,
+      createBucket: opts.createBucket,
+      ...(a.ttl === undefined ? {} : { ttl: a.ttl }),
+    });
+    return { nc, leases };
+  } catch (err) {
+    await nc.close().catch(() => {});
+    if (err instanceof TypeError || err instanceof RangeError) {
+      throw new UsageError(err.message);
+    }
+    throw new UnavailableError(a.key, (err as Error).message, { cause: err });
+  }
+}
+
+/** Kills a process group; false when it is gone. */
+function killGroup(pid: number, signal: Sig): boolean {
+  try {
+    process.kill(-pid, signal);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function groupAlive(pid: number): boolean {
+  try {
+    process.kill(-pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+// The watchdog: a shell of its own that reads its stdin from us. When we exit
+// without saying "done" (killed with SIGKILL), its read ends and it stops the
+// command's group as we would have: SIGTERM, then SIGKILL.
+const WATCHDOG = `read line
+[ "$line" = done ] && exit 0
+kill -TERM -"$1" 2>/dev/null || exit 0
+i=0
+while [ "$i" -lt "$2" ]; do
+  kill -0 -"$1" 2>/dev/null || exit 0
+  sleep 0.05
+  i=$((i + 50))
+done
+kill -KILL -"$1" 2>/dev/null
+exit 0`;
+
+async function run(a: Args): Promise<number> {
+  const { nc, leases } = await open(a, { createBucket: true });
+  const killAfter = a.killAfter ?? Math.floor(leases.ttl / 4);
+  if (killAfter >= leases.ttl) {
+    await leases.close();
+    await nc.close();
+    throw new UsageError(
+      `--kill-after must be below the TTL (${leases.ttl} ms), so that the command is gone before a successor starts: received ${killAfter}`,
+    );
+  }
+  const waiting = new AbortController();
+  let forwarded: Sig | undefined;
+  let child: ChildProcess | undefined;
+  const onSignal = (sig: Sig) => {
+    forwarded ??= sig;
+    if (child?.pid !== undefined) killGroup(child.pid, sig);
+    else waiting.abort(new Error(`interrupted by ${sig}`));
+  };
+  const onInt = () => onSignal("SIGINT");
+  const onTerm = () => onSignal("SIGTERM");
+  process.on("SIGINT", onInt);
+  process.on("SIGTERM", onTerm);
+  let status: number;
+  try {
+    status = await leases.guard(a.key, async (lease) => {
+      say(`holding '${a.key}' as ${a.node}, epoch ${lease.epoch}`);
+      child = spawn(a.command[0]!, a.command.slice(1), {
+        stdio: "inherit",
+        detached: true, // a process group of its own, to stop as a whole
+        env: {
+          ...process.env,
+          LEASE_KEY: a.key,
+          LEASE_NODE: a.node,
+          LEASE_EPOCH: String(lease.epoch),
+        },
+      });
+      const exited = new Promise<number>((resolve) => {
+        child!.once("error", (err) => {
+          say(`cannot run ${a.command[0]}: ${err.message}`);
+          resolve(127);
+        });
+        child!.once("exit", (code, signal) => {
+          resolve(
+            code ?? 128 + (signal ? osSignal(signal) : 0),
+          );
+        });
+      });
+      const pid = child.pid;
+      let watchdog: ChildProcess | undefined;
+      if (pid !== undefined) {
+        watchdog = spawn("sh", [
+          "-c",
+          WATCHDOG,
+          "lease-watchdog",
+          String(pid),
+          String(killAfter),
+        ], {
+          stdio: ["pipe", "ignore", "ignore"],
+          detached: true,
+        });
+        watchdog.unref();
+      }
+      let lost = false;
+      const onLost = () => {
+        if (forwarded !== undefined || pid === undefined) return;
+        lost = true;
+        say(
+          `lost '${a.key}' (${
+            (lease.signal.reason as Error)?.message ?? "lease ended"
+          }): stopping the command`,
+        );
+        killGroup(pid, "SIGTERM");
+        setTimeout(() => {
+          if (groupAlive(pid)) killGroup(pid, "SIGKILL");
+        }, killAfter).unref?.();
+      };
+      lease.signal.addEventListener("abort", onLost, { once: true });
+      let code = await exited;
+      lease.signal.removeEventListener("abort", onLost);
+      // What it started may outlive it: stop the rest of its group.
+      if (pid !== undefined && groupAlive(pid)) {
+        killGroup(pid, "SIGTERM");
+        const end = performance.now() + killAfter;
+        while (groupAlive(pid) && performance.now() < end) {
+          await new Promise((r) => setTimeout(r, 20));
+        }
+        if (groupAlive(pid)) killGroup(pid, "SIGKILL");
+      }
+      watchdog?.stdin?.end("done\n");
+      if (lost) code = EXIT.LOST;
+      return code;
+    }, { wait: true, signal: waiting.signal });
+  } catch (err) {
+    if (waiting.signal.aborted) {
+      status = 128 + osSignal(forwarded ?? "SIGINT");
+    } else {
+      await leases.close().catch(() => {});
+      await nc.close().catch(() => {});
+      throw err;
+    }
+  } finally {
+    process.off("SIGINT", onInt);
+    process.off("SIGTERM", onTerm);
+  }
+  const { unreleased } = await leases.close();
+  if (unreleased.length > 0) {
+    say(`'${a.key}' could not be released cleanly: it expires after the TTL`);
+  }
+  await nc.close();
+  return status;
+}
+
+const SIGNALS: Record<string, number> = {
+  SIGHUP: 1,
+  SIGINT: 2,
+  SIGQUIT: 3,
+  SIGKILL: 9,
+  SIGUSR1: 10,
+  SIGSEGV: 11,
+  SIGUSR2: 12,
+  SIGPIPE: 13,
+  SIGALRM: 14,
+  SIGTERM: 15,
+};
+
+function osSignal(name: string): number {
+  return SIGNALS[name] ?? 0;
+}
+
+function holderLine(
+  a: Args,
+  h: { node: string; epoch: number } | null,
+): string {
+  if (a.json) return JSON.stringify({ key: a.key, holder: h });
+  return h === null ? `${a.key}: none` : `${a.key}: ${h.node} epoch ${h.epoch}`;
+}
+
+async function holder(a: Args): Promise<number> {
+  const { nc, leases } = await open(a, {
+    createBucket: false,
+    node: `lease-cli-${process.pid}`,
+  });
+  try {
+    process.stdout.write(holderLine(a, await leases.holder(a.key)) + "\n");
+    return 0;
+  } finally {
+    await leases.close();
+    await nc.close();
+  }
+}
+
+async function watch(a: Args): Promise<number> {
+  const { nc, leases } = await open(a, {
+    createBucket: false,
+    node: `lease-cli-${process.pid}`,
+  });
+  const stop = new AbortController();
+  const onSig = () => stop.abort();
+  process.on("SIGINT", onSig);
+  process.on("SIGTERM", onSig);
+  try {
+    for await (const h of leases.watch(a.key, { signal: stop.signal })) {
+      process.stdout.write(holderLine(a, h) + "\n");
+    }
+    return 0;
+  } finally {
+    process.off("SIGINT", onSig);
+    process.off("SIGTERM", onSig);
+    await leases.close();
+    await nc.close();
+  }
+}
+
+async function release(a: Args): Promise<number> {
+  let nc: NatsConnection;
+  try {
+    nc = await connect({ servers: a.servers });
+  } catch (err) {
+    throw new UnavailableError(
+      a.key,
+      `cannot connect to ${a.servers.join(",")}: ${(err as Error).message}`,
+    );
+  }
+  try {
+    const kv = await new Kvm(nc).open(a.bucket).catch((err) => {
+      throw new UnavailableError(a.key, (err as Error).message, { cause: err });
+    });
+    const e = await kv.get(a.key);
+    const node = e?.operation === "PUT" ? e.string() : undefined;
+    if (node !== a.node) {
+      say(
+        `'${a.key}' is ${
+          node === undefined ? "not held" : `held by ${node}`
+        }, not by ${a.node}: nothing evicted`,
+      );
+      return EXIT.NOT_HOLDER;
+    }
+    // An untagged delete on exactly that entry: a successor treats it as
+    // an operator's delete and waits the holder's TTL and the grace.
+    await kv.delete(a.key, { previousSeq: e!.revision });
+    say(`evicted ${a.node} from '${a.key}' (revision ${e!.revision})`);
+    return 0;
+  } finally {
+    await nc.close();
+  }
+}
+
+/**
+ * Runs the `lease` command with `argv` (without the runtime and script) and
+ * resolves with its exit status. Prints to stdout and stderr.
+ *
+ * @param argv The arguments, e.g. `["holder", "orders", "--json"]`.
+ * @returns The exit status.
+ *
+ * @example
+ * ```ts ignore
+ * process.exitCode = await main(process.argv.slice(2));
+ * ```
+ */
+export async function main(argv: string[]): Promise<number> {
+  let a: Args;
+  try {
+    a = parse(argv);
+  } catch (err) {
+    if (!(err instanceof UsageError)) throw err;
+    say(err.message);
+    process.stderr.write(`${HELP[""]}\n`);
+    return EXIT.USAGE;
+  }
+  if (a.help) {
+    process.stdout.write(`${HELP[a.sub] ?? HELP[""]}\n`);
+    return 0;
+  }
+  try {
+    switch (a.sub) {
+      case "run":
+        return await run(a);
+      case "holder":
+        return await holder(a);
+      case "watch":
+        return await watch(a);
+      default:
+        return await release(a);
+    }
+  } catch (err) {
+    if (err instanceof UsageError) {
+      say(err.message);
+      return EXIT.USAGE;
+    }
+    if (err instanceof UnavailableError) {
+      say(err.message);
+      return EXIT.UNAVAILABLE;
+    }
+    throw err;
+  }
+}
+
+// Run as a program (not imported): Deno and Bun say so; Node 24 by argv.
+const meta = import.meta as { main?: boolean };
+if (
+  meta.main ??
+    (process.argv[1] !== undefined &&
+      path.resolve(process.argv[1]) === fileURLToPath(import.meta.url))
+) {
+  process.exit(await main(process.argv.slice(2)));
+}
