@@ -1,0 +1,366 @@
+// Tests of the `lease` command (cli.ts) as users run it: real processes of
+// this test's runtime (`deno run -A cli.ts`, `bun cli.ts`, `node cli.ts`)
+// against a real nats-server, their commands real shells that stamp a file.
+// Runs under `deno test -A`, `bun test` and `node --test`.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import process from "node:process";
+import { fileURLToPath } from "node:url";
+import { NatsServer } from "./test_util/nats_server.ts";
+import { sleep, uniq } from "./test_util/lease_helpers.ts";
+
+const CLI = fileURLToPath(new URL("./cli.ts", import.meta.url));
+const TTL = 1000;
+const KILL_AFTER = 200;
+
+interface Run {
+  child: ChildProcess;
+  out: () => string;
+  err: () => string;
+  exited: Promise<number>;
+  at: () => number;
+}
+
+/** Starts `lease ARGS` under this test's runtime. */
+function lease(args: string[], env: Record<string, string> = {}): Run {
+  const [cmd, pre] = "Deno" in globalThis
+    ? [process.execPath, ["run", "-A", CLI]]
+    : [process.execPath, [CLI]];
+  const all: Record<string, string | undefined> = { ...process.env, ...env };
+  delete all.NODE_TEST_CONTEXT;
+  const child = spawn(cmd, [...pre, ...args], {
+    env: all,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  let err = "";
+  let at = 0;
+  child.stdout!.setEncoding("utf8").on("data", (d: string) => out += d);
+  child.stderr!.setEncoding("utf8").on("data", (d: string) => err += d);
+  const exited = new Promise<number>((r) =>
+    child.on("exit", (code, signal) => {
+      at = Date.now();
+      r(code ?? (signal === "SIGKILL" ? 137 : -1));
+    })
+  );
+  const run = { child, out: () => out, err: () => err, exited, at: () => at };
+  started.push(run);
+  return run;
+}
+
+/**
+ * Sends a signal by pid: Deno's `ChildProcess.kill()` reports the child as
+ * ended by that signal even when the child handled it and exited normally.
+ */
+function signal(r: Run, sig: "SIGINT" | "SIGTERM"): void {
+  process.kill(r.child.pid!, sig);
+}
+
+/** Stamps lines `start|end NODE EPOCH MS` into `file` around `body`. */
+function stamped(file: string, body: string): string[] {
+  const stamp = (what: string) =>
+    `echo ${what} "$LEASE_NODE" "$LEASE_EPOCH" $(($(date +%s%N) / 1000000)) >> ${file}`;
+  return [
+    "sh",
+    "-c",
+    `${stamp("start")}; ${body}; s=$?; ${stamp("end")}; exit $s`,
+  ];
+}
+
+interface Stamp {
+  what: string;
+  node: string;
+  epoch: number;
+  ms: number;
+}
+
+function stamps(file: string): Stamp[] {
+  if (!fs.existsSync(file)) return [];
+  return fs.readFileSync(file, "utf8").trim().split("\n").filter(Boolean).map(
+    (l) => {
+      const [what, node, epoch, ms] = l.split(" ");
+      return { what: what!, node: node!, epoch: Number(epoch), ms: Number(ms) };
+    },
+  );
+}
+
+/** Processes whose command line contains `marker` (the commands' grandchildren). */
+function alive(marker: string): number {
+  try {
+    return execFileSync("pgrep", ["-f", marker], { encoding: "utf8" })
+      .trim().split("\n").filter(Boolean).length;
+  } catch {
+    return 0;
+  }
+}
+
+/** Every `lease` this file started, for failure messages. */
+const started: Run[] = [];
+
+async function until(pred: () => boolean, ms: number, what: string) {
+  const end = performance.now() + ms;
+  while (!pred()) {
+    assert.ok(
+      performance.now() < end,
+      `timed out waiting for ${what}; what lease said:\n${
+        started.map((r) => r.err()).join("\n")
+      }`,
+    );
+    await sleep(10);
+  }
+}
+
+describe("the lease command", () => {
+  let ns: NatsServer;
+  let tmp: string;
+  const runs: Run[] = [];
+  const start = (args: string[], env?: Record<string, string>) => {
+    const r = lease(args, env);
+    runs.push(r);
+    return r;
+  };
+  const common = (key: string, node: string) => [
+    "run",
+    key,
+    "--servers",
+    ns.url,
+    "--bucket",
+    "cli",
+    "--ttl",
+    String(TTL),
+    "--node",
+    node,
+    "--kill-after",
+    String(KILL_AFTER),
+  ];
+
+  before(async () => {
+    ns = await NatsServer.start();
+    tmp = fs.mkdtempSync(path.join(os.tmpdir(), "lease-cli-"));
+  });
+  after(async () => {
+    for (const r of runs) r.child.kill("SIGKILL");
+    await ns[Symbol.asyncDispose]();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  });
+
+  test("bad arguments exit 64 before connecting; an unreachable server exits 69; a server without JetStream exits 69 and says so", async () => {
+    const nowhere = ["--servers", "127.0.0.1:1"];
+    for (
+      const [args, why] of [
+        [["run", "bad key", ...nowhere, "--", "true"], /invalid key/],
+        [["run", "k", ...nowhere, "--ttl", "soon", "--", "true"], /--ttl/],
+        [["run", "k", ...nowhere], /needs a command after --/],
+        [["frobnicate", "k", ...nowhere], /unknown subcommand/],
+        [["release", "k", ...nowhere], /needs --node/],
+      ] as const
+    ) {
+      const r = lease([...args]);
+      assert.equal(await r.exited, 64, `${args.join(" ")}: ${r.err()}`);
+      assert.match(r.err(), why);
+      assert.doesNotMatch(r.err(), /cannot connect/);
+    }
+    const down = lease(["holder", "k", ...nowhere]);
+    assert.equal(await down.exited, 69, down.err());
+    assert.match(down.err(), /cannot connect to 127\.0\.0\.1:1/);
+    await using plain = await NatsServer.start({ jetstream: false });
+    const nojs = lease(["holder", "k", "--servers", plain.url]);
+    assert.equal(await nojs.exited, 69, nojs.err());
+    assert.match(nojs.err(), /JetStream/);
+    const help = lease(["run", "--help"]);
+    assert.equal(await help.exited, 0);
+    assert.match(help.out(), /LEASE_EPOCH/);
+  });
+
+  test("two lease run on one key: never at once, the second starts within 100 ms of the first's exit, epochs grow, exit statuses pass through", async () => {
+    const file = path.join(tmp, "two");
+    const key = uniq("two");
+    const a = start([...common(key, "a"), "--", ...stamped(file, "sleep 0.6")]);
+    await until(() => stamps(file).length >= 1, 10_000, "a's command");
+    const b = start([
+      ...common(key, "b"),
+      "--",
+      ...stamped(file, "sleep 0.3; (exit 3)"),
+    ]);
+    assert.equal(await a.exited, 0, a.err());
+    assert.equal(await b.exited, 3, b.err());
+    const s = stamps(file);
+    assert.deepEqual(s.map((x) => `${x.what} ${x.node}`), [
+      "start a",
+      "end a",
+      "start b",
+      "end b",
+    ]);
+    const handover = s[2]!.ms - s[1]!.ms;
+    console.log(`  [figures] lease run handover: ${handover} ms`);
+    assert.ok(handover >= 0 && handover < 100, `${handover} ms`);
+    assert.ok(s[2]!.epoch > s[0]!.epoch);
+    const h = lease([
+      "holder",
+      key,
+      "--servers",
+      ns.url,
+      "--bucket",
+      "cli",
+      "--json",
+    ]);
+    assert.equal(await h.exited, 0, h.err());
+    assert.deepEqual(JSON.parse(h.out()), { key, holder: null });
+  });
+
+  test("kill -9 of lease: its watchdog stops the command's whole group, and the next command starts only after the TTL and the grace", async () => {
+    const file = path.join(tmp, "k9");
+    const key = uniq("k9");
+    const marker = `k9-${key}`;
+    // A grandchild (a background sleep) too: the whole group must go.
+    const a = start([
+      ...common(key, "a"),
+      "--",
+      ...stamped(file, `sh -c 'sleep 30' ${marker} & sleep 31; wait`),
+    ]);
+    await until(() => stamps(file).length >= 1, 10_000, "a's command");
+    await until(() => alive(marker) >= 1, 2_000, "the grandchild");
+    const b = start([...common(key, "b"), "--", ...stamped(file, "true")]);
+    await sleep(200);
+    const killedAt = Date.now();
+    a.child.kill("SIGKILL");
+    await a.exited;
+    await until(
+      () => alive(marker) === 0,
+      2 * KILL_AFTER + 1_000,
+      "no command of a left",
+    );
+    const goneAfter = Date.now() - killedAt;
+    assert.equal(await b.exited, 0, b.err());
+    const s = stamps(file);
+    const bStart = s.find((x) => x.what === "start" && x.node === "b")!;
+    const failover = bStart.ms - killedAt;
+    console.log(
+      `  [figures] lease run after kill -9: command group gone after ${goneAfter} ms, next command after ${failover} ms (TTL ${TTL} + grace ${TTL})`,
+    );
+    assert.ok(goneAfter < TTL, `${goneAfter} ms`);
+    // The successor waits for a's entry to expire (its last renewal was up
+    // to TTL/3 before the kill) and then the grace.
+    assert.ok(failover >= 2 * TTL - TTL / 3 - 50, `${failover} ms`);
+    assert.ok(bStart.epoch > s[0]!.epoch);
+  });
+
+  test("lease release --node evicts the holder: its command gets SIGTERM, then SIGKILL when it ignores it; lease exits 75", async () => {
+    const file = path.join(tmp, "ev");
+    const key = uniq("ev");
+    const marker = `ev-${key}`;
+    const a = start([
+      ...common(key, "a"),
+      "--",
+      "sh",
+      "-c",
+      `trap 'echo TERM >> ${file}' TERM; echo started >> ${file}; while :; do sleep 0.05; done # ${marker}`,
+    ]);
+    await until(() => fs.existsSync(file), 10_000, "a's command");
+    const wrong = lease([
+      "release",
+      key,
+      "--servers",
+      ns.url,
+      "--bucket",
+      "cli",
+      "--node",
+      "zz",
+    ]);
+    assert.equal(await wrong.exited, 1, wrong.err());
+    assert.match(wrong.err(), /held by a, not by zz/);
+    const t0 = Date.now();
+    const ev = lease([
+      "release",
+      key,
+      "--servers",
+      ns.url,
+      "--bucket",
+      "cli",
+      "--node",
+      "a",
+    ]);
+    assert.equal(await ev.exited, 0, ev.err());
+    assert.equal(await a.exited, 75, a.err());
+    const took = a.at() - t0;
+    console.log(`  [figures] eviction to lease exit: ${took} ms`);
+    assert.match(fs.readFileSync(file, "utf8"), /TERM/);
+    assert.match(a.err(), /lost/);
+    assert.equal(alive(marker), 0);
+  });
+
+  test("the server gone past the TTL: the command is stopped and lease exits 75; SIGTERM to lease is passed on and the key released at once", async () => {
+    await using own = await NatsServer.start();
+    const file = path.join(tmp, "srv");
+    const key = uniq("srv");
+    const args = [
+      "run",
+      key,
+      "--servers",
+      own.url,
+      "--ttl",
+      String(TTL),
+      "--kill-after",
+      String(KILL_AFTER),
+    ];
+    const marker = `srv-${key}`;
+    const a = start([
+      ...args,
+      "--node",
+      "a",
+      "--",
+      ...stamped(file, `sleep 30; : ${marker}`),
+    ]);
+    await until(() => stamps(file).length >= 1, 10_000, "a's command");
+    const t0 = Date.now();
+    await own.kill();
+    assert.equal(await a.exited, 75, a.err());
+    const stopped = a.at() - t0;
+    console.log(
+      `  [figures] server killed to lease exit: ${stopped} ms (TTL ${TTL})`,
+    );
+    assert.ok(stopped <= TTL + KILL_AFTER + 500, `${stopped} ms`);
+    assert.equal(alive(marker), 0, "the command is gone");
+
+    await own.restart();
+    const file2 = path.join(tmp, "term");
+    const b = start([
+      ...args.slice(0),
+      "--node",
+      "b",
+      "--",
+      ...stamped(file2, "sleep 30"),
+    ]);
+    // b waits out a's entry (the grace), then runs.
+    await until(() => stamps(file2).length >= 1, 10 * TTL, "b's command");
+    signal(b, "SIGTERM");
+    const code = await b.exited;
+    assert.equal(code, 128 + 15, b.err());
+    const h = lease(["holder", key, "--servers", own.url]);
+    assert.equal(await h.exited, 0, h.err());
+    assert.match(h.out(), /: none/);
+  });
+
+  test("lease watch prints the holder, then each change, until interrupted", async () => {
+    const key = uniq("w");
+    const w = start(["watch", key, "--servers", ns.url, "--bucket", "cli"]);
+    await until(() => w.out().includes("none"), 10_000, "the first line");
+    const r = start([...common(key, "a"), "--", "sleep", "0.3"]);
+    assert.equal(await r.exited, 0, r.err());
+    await until(
+      () => w.out().trim().split("\n").length >= 3,
+      5_000,
+      "two changes",
+    );
+    signal(w, "SIGINT");
+    assert.equal(await w.exited, 0, w.err());
+    const lines = w.out().trim().split("\n");
+    assert.equal(lines[0], `${key}: none`);
+    assert.match(lines[1]!, new RegExp(`^${key}: a epoch \\d+$`));
+    assert.equal(lines[2], `${key}: none`);
+  });
+});
