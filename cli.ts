@@ -39,13 +39,15 @@ import {
 export const EXIT: {
   /** Bad arguments: a bad key or duration, a missing command, an unknown flag. */
   readonly USAGE: 64;
-  /** The server could not be reached, has no JetStream, or refused the bucket. */
+  /** No server could be reached. */
+  readonly NO_SERVER: 68;
+  /** The server has no JetStream, refused the bucket, or stopped answering. */
   readonly UNAVAILABLE: 69;
   /** The lease was lost while the command ran; the command was stopped. */
   readonly LOST: 75;
   /** `lease release`: the key is not held by the node named. */
   readonly NOT_HOLDER: 1;
-} = { USAGE: 64, UNAVAILABLE: 69, LOST: 75, NOT_HOLDER: 1 };
+} = { USAGE: 64, NO_SERVER: 68, UNAVAILABLE: 69, LOST: 75, NOT_HOLDER: 1 };
 
 const HELP: Record<string, string> = {
   "": `usage: lease <run|holder|watch|release> KEY [options]
@@ -81,8 +83,9 @@ the grace.
   --node ID        holder id (default: host name and process id)
   --kill-after MS  SIGTERM to SIGKILL (default: a quarter of the TTL)
 
-Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.UNAVAILABLE} server unreachable or
-without JetStream, ${EXIT.LOST} lease lost while CMD ran.`,
+Exit statuses of its own: ${EXIT.USAGE} bad arguments (a bad key or duration, no
+command), ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
+answering before the command started), ${EXIT.LOST} lease lost while CMD ran.`,
   holder: `usage: lease holder KEY [--servers URL] [--bucket NAME] [--json]
 
 Prints the holder of KEY and its epoch ("none" when nobody holds it). A read:
@@ -106,6 +109,24 @@ type Sig = "SIGINT" | "SIGTERM" | "SIGKILL";
 
 class UsageError extends Error {
   override name = "UsageError";
+}
+
+class NoServerError extends Error {
+  override name = "NoServerError";
+}
+
+async function dial(a: Args): Promise<NatsConnection> {
+  try {
+    return await connect({
+      servers: a.servers,
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: 250,
+    });
+  } catch (err) {
+    throw new NoServerError(
+      `cannot connect to ${a.servers.join(",")}: ${(err as Error).message}`,
+    );
+  }
 }
 
 interface Args {
@@ -231,19 +252,7 @@ async function open(
   a: Args,
   opts: { createBucket: boolean; node?: string },
 ): Promise<{ nc: NatsConnection; leases: LeaseManager }> {
-  let nc: NatsConnection;
-  try {
-    nc = await connect({
-      servers: a.servers,
-      maxReconnectAttempts: -1,
-      reconnectTimeWait: 250,
-    });
-  } catch (err) {
-    throw new UnavailableError(
-      a.key,
-      `cannot connect to ${a.servers.join(",")}: ${(err as Error).message}`,
-    );
-  }
+  const nc = await dial(a);
   try {
     const leases = await createLeaseManager({
       nc,
@@ -470,15 +479,7 @@ async function watch(a: Args): Promise<number> {
 }
 
 async function release(a: Args): Promise<number> {
-  let nc: NatsConnection;
-  try {
-    nc = await connect({ servers: a.servers });
-  } catch (err) {
-    throw new UnavailableError(
-      a.key,
-      `cannot connect to ${a.servers.join(",")}: ${(err as Error).message}`,
-    );
-  }
+  const nc = await dial(a);
   try {
     const kv = await new Kvm(nc).open(a.bucket).catch((err) => {
       throw new UnavailableError(a.key, (err as Error).message, { cause: err });
@@ -544,6 +545,10 @@ export async function main(argv: string[]): Promise<number> {
     if (err instanceof UsageError) {
       say(err.message);
       return EXIT.USAGE;
+    }
+    if (err instanceof NoServerError) {
+      say(err.message);
+      return EXIT.NO_SERVER;
     }
     if (err instanceof UnavailableError) {
       say(err.message);

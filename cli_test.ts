@@ -148,7 +148,7 @@ describe("the lease command", () => {
     fs.rmSync(tmp, { recursive: true, force: true });
   });
 
-  test("bad arguments exit 64 before connecting; an unreachable server exits 69; a server without JetStream exits 69 and says so", async () => {
+  test("bad arguments exit 64 before connecting; an unreachable server exits 68; a server without JetStream exits 69 and says so", async () => {
     const nowhere = ["--servers", "127.0.0.1:1"];
     for (
       const [args, why] of [
@@ -165,7 +165,7 @@ describe("the lease command", () => {
       assert.doesNotMatch(r.err(), /cannot connect/);
     }
     const down = lease(["holder", "k", ...nowhere]);
-    assert.equal(await down.exited, 69, down.err());
+    assert.equal(await down.exited, 68, down.err());
     assert.match(down.err(), /cannot connect to 127\.0\.0\.1:1/);
     await using plain = await NatsServer.start({ jetstream: false });
     const nojs = lease(["holder", "k", "--servers", plain.url]);
