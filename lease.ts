@@ -61,7 +61,9 @@
  *      nothing removed a live holder's entry without a marker
  *      (`kv.purge`, a stream purge or message delete);
  *    - a holder's entry that stood still for one TTL of our own time (a
- *      replica late to expire): its deadline has passed too, so one TTL;
+ *      replica late to expire), counted from when this manager first saw
+ *      that revision, by a read or through its watch (either comes after
+ *      the holder sent it): its deadline has passed too, so one TTL;
  *    - a delete tagged by a lease manager's clean release: none. A release
  *      is clean only after the holder's writes settled, its own grace was
  *      over (a release inside it would hand on a skip it was not owed) and
