@@ -37,8 +37,14 @@ import {
  * ```
  */
 export const EXIT: {
-  /** Bad arguments: a bad key or duration, a missing command, an unknown flag. */
+  /** Bad arguments: an unknown subcommand or option, a missing KEY or --node. */
   readonly USAGE: 64;
+  /** An invalid KEY. */
+  readonly BAD_KEY: 65;
+  /** A duration (--ttl, --kill-after) that is not a whole number of ms, or out of range. */
+  readonly BAD_DURATION: 66;
+  /** `lease run` without a command after `--`. */
+  readonly NO_COMMAND: 67;
   /** No server could be reached. */
   readonly NO_SERVER: 68;
   /** The server has no JetStream, refused the bucket, or stopped answering. */
@@ -47,7 +53,16 @@ export const EXIT: {
   readonly LOST: 75;
   /** `lease release`: the key is not held by the node named. */
   readonly NOT_HOLDER: 1;
-} = { USAGE: 64, NO_SERVER: 68, UNAVAILABLE: 69, LOST: 75, NOT_HOLDER: 1 };
+} = {
+  USAGE: 64,
+  BAD_KEY: 65,
+  BAD_DURATION: 66,
+  NO_COMMAND: 67,
+  NO_SERVER: 68,
+  UNAVAILABLE: 69,
+  LOST: 75,
+  NOT_HOLDER: 1,
+};
 
 const HELP: Record<string, string> = {
   "": `usage: lease <run|holder|watch|release> KEY [options]
@@ -83,8 +98,8 @@ the grace.
   --node ID        holder id (default: host name and process id)
   --kill-after MS  SIGTERM to SIGKILL (default: a quarter of the TTL)
 
-Exit statuses of its own: ${EXIT.USAGE} bad arguments (a bad key or duration, no
-command), ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
+Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.BAD_DURATION} a bad
+duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
 answering before the command started), ${EXIT.LOST} lease lost while CMD ran.`,
   holder: `usage: lease holder KEY [--servers URL] [--bucket NAME] [--json]
 
@@ -109,6 +124,11 @@ type Sig = "SIGINT" | "SIGTERM" | "SIGKILL";
 
 class UsageError extends Error {
   override name = "UsageError";
+  readonly code: number;
+  constructor(message: string, code: number = EXIT.USAGE) {
+    super(message);
+    this.code = code;
+  }
 }
 
 class NoServerError extends Error {
@@ -149,6 +169,7 @@ function duration(flag: string, value: string | undefined): number {
       `${flag} needs a duration in milliseconds (a whole number): received ${
         JSON.stringify(value ?? null)
       }`,
+      EXIT.BAD_DURATION,
     );
   }
   return n;
@@ -227,10 +248,14 @@ function parse(argv: string[]): Args {
       `invalid key ${
         JSON.stringify(a.key)
       }: letters, digits, '-', '_', '/', '=' in '.'-separated tokens`,
+      EXIT.BAD_KEY,
     );
   }
   if (a.sub === "run" && command.length === 0) {
-    throw new UsageError("lease run needs a command after --");
+    throw new UsageError(
+      "lease run needs a command after --",
+      EXIT.NO_COMMAND,
+    );
   }
   if (a.sub !== "run" && dash >= 0) {
     throw new UsageError(`lease ${a.sub} takes no command`);
@@ -239,7 +264,10 @@ function parse(argv: string[]): Args {
     throw new UsageError("lease release needs --node ID (the holder to evict)");
   }
   if (a.ttl !== undefined && a.ttl < 500) {
-    throw new UsageError(`--ttl must be at least 500 ms: received ${a.ttl}`);
+    throw new UsageError(
+      `--ttl must be at least 500 ms: received ${a.ttl}`,
+      EXIT.BAD_DURATION,
+    );
   }
   return a;
 }
@@ -313,6 +341,7 @@ async function run(a: Args): Promise<number> {
     await nc.close();
     throw new UsageError(
       `--kill-after must be below the TTL (${leases.ttl} ms), so that the command is gone before a successor starts: received ${killAfter}`,
+      EXIT.BAD_DURATION,
     );
   }
   const waiting = new AbortController();
@@ -524,7 +553,7 @@ export async function main(argv: string[]): Promise<number> {
     if (!(err instanceof UsageError)) throw err;
     say(err.message);
     process.stderr.write(`${HELP[""]}\n`);
-    return EXIT.USAGE;
+    return err.code;
   }
   if (a.help) {
     process.stdout.write(`${HELP[a.sub] ?? HELP[""]}\n`);
@@ -544,7 +573,7 @@ export async function main(argv: string[]): Promise<number> {
   } catch (err) {
     if (err instanceof UsageError) {
       say(err.message);
-      return EXIT.USAGE;
+      return err.code;
     }
     if (err instanceof NoServerError) {
       say(err.message);

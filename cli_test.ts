@@ -148,19 +148,19 @@ describe("the lease command", () => {
     fs.rmSync(tmp, { recursive: true, force: true });
   });
 
-  test("bad arguments exit 64 before connecting; an unreachable server exits 68; a server without JetStream exits 69 and says so", async () => {
+  test("bad arguments exit 64-67 (one status per mistake) before connecting; an unreachable server exits 68; a server without JetStream exits 69 and says so", async () => {
     const nowhere = ["--servers", "127.0.0.1:1"];
     for (
-      const [args, why] of [
-        [["run", "bad key", ...nowhere, "--", "true"], /invalid key/],
-        [["run", "k", ...nowhere, "--ttl", "soon", "--", "true"], /--ttl/],
-        [["run", "k", ...nowhere], /needs a command after --/],
-        [["frobnicate", "k", ...nowhere], /unknown subcommand/],
-        [["release", "k", ...nowhere], /needs --node/],
+      const [args, code, why] of [
+        [["run", "bad key", ...nowhere, "--", "true"], 65, /invalid key/],
+        [["run", "k", ...nowhere, "--ttl", "soon", "--", "true"], 66, /--ttl/],
+        [["run", "k", ...nowhere], 67, /needs a command after --/],
+        [["frobnicate", "k", ...nowhere], 64, /unknown subcommand/],
+        [["release", "k", ...nowhere], 64, /needs --node/],
       ] as const
     ) {
       const r = lease([...args]);
-      assert.equal(await r.exited, 64, `${args.join(" ")}: ${r.err()}`);
+      assert.equal(await r.exited, code, `${args.join(" ")}: ${r.err()}`);
       assert.match(r.err(), why);
       assert.doesNotMatch(r.err(), /cannot connect/);
     }
