@@ -360,25 +360,37 @@ const violations = (r: ChaosReport): number =>
   Object.values(r.violations).reduce((a, b) => a + b, 0);
 
 describe("chaos harness against a real nats-server", () => {
-  test(`chaos.ts in single-server mode finds no violation in a short run of mixed faults (seed ${SEED})`, async () => {
-    const { code, out, report } = await runChaos([
-      "--mode",
-      "single",
-      "--seconds",
-      "18",
-      "--seed",
-      SEED,
-    ]);
-    assert.equal(violations(report), 0, out);
-    assert.deepEqual(report.errors, [], out);
-    assert.equal(code, 0, out);
-    assert.ok(report.writes.accepted > 100, out);
-    const injected = Object.values(report.faults).reduce(
-      (n, f) => n + f.count,
-      0,
-    );
-    assert.ok(injected >= 4, `only ${injected} faults\n${out}`);
-  });
+  // The harness starts Deno, Bun and Node workers itself, whatever runs
+  // this file, and CI runs a minute of it per mode besides (chaos/ci.sh):
+  // this clean run is made once per server, under Deno.
+  const onlyDeno = "Deno" in globalThis
+    ? false
+    : "made under Deno only: the harness starts its own Deno, Bun and Node workers whatever runtime runs this file";
+  test(
+    `chaos.ts in single-server mode finds no violation in a short run of mixed faults (seed ${SEED})${
+      onlyDeno ? ` [skipped: ${onlyDeno}]` : ""
+    }`,
+    { skip: onlyDeno },
+    async () => {
+      const { code, out, report } = await runChaos([
+        "--mode",
+        "single",
+        "--seconds",
+        "18",
+        "--seed",
+        SEED,
+      ]);
+      assert.equal(violations(report), 0, out);
+      assert.deepEqual(report.errors, [], out);
+      assert.equal(code, 0, out);
+      assert.ok(report.writes.accepted > 100, out);
+      const injected = Object.values(report.faults).reduce(
+        (n, f) => n + f.count,
+        0,
+      );
+      assert.ok(injected >= 4, `only ${injected} faults\n${out}`);
+    },
+  );
 
   test(`chaos.ts catches the broken variants: unguarded writes during an outage and writes during the grace (seed ${SEED})`, async () => {
     const [blind, nograce] = await Promise.all([

@@ -78,7 +78,7 @@ if ((mutant_budget > 0)); then
     >"$logs/mutants.txt" 2>&1
   while IFS='|' read -r _ hole name expect caught seed hist time _; do
     hole="${hole// /}"
-    [[ "$hole" =~ ^F?[0-9]+b?$ ]] || continue
+    [[ "$hole" =~ ^[A-Z]?[0-9]+b?$ ]] || continue
     name="${name// /}"
     expect="$(echo "$expect" | sed 's/^ *//; s/ *$//')"
     caught="${caught// /}"
@@ -94,7 +94,7 @@ if ((mutant_budget > 0)); then
       failed=$((failed + 1))
     fi
   done <"$logs/mutants.txt"
-  if ! grep -q '^| F\{0,1\}[0-9]' "$logs/mutants.txt"; then
+  if ! grep -q '^| [A-Z]\{0,1\}[0-9]' "$logs/mutants.txt"; then
     echo "sim ci: mutants: FAILED"
     tail -n 20 "$logs/mutants.txt"
     failed=$((failed + 1))

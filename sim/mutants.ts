@@ -52,7 +52,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "an operator's plain DEL is taken for a clean release (no grace)",
     expect: "P1",
-    seed: 7,
+    seed: 20,
     edits: [[
       `} else if (e.operation === "DEL") kind = tag ? "released" : "removed";`,
       `} else if (e.operation === "DEL") kind = "released";`,
@@ -64,7 +64,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a release inside the releaser's own grace is written as a clean release",
     expect: "P1",
-    seed: 1432,
+    seed: 857,
     edits: [[
       "now >= st.notBefore && t !== undefined && now < t.validUntil &&",
       "t !== undefined && now < t.validUntil &&",
@@ -76,7 +76,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a renewal's read-back goes to any replica, and not-found there counts as lost",
     expect: "P4",
-    seed: 2,
+    seed: 10,
     edits: [
       [
         "          at > 0 ? at : undefined,\n          true,\n",
@@ -103,7 +103,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "throwIfLost() trusts the signal only, which a paused process's timer aborts late",
     expect: "P3",
-    seed: 26,
+    seed: 54,
     edits: [[
       "    const now = this.#port.now();\n    if (now >= this.#tenure.validUntil) {",
       `    const now = this.#port.now();\n    if (${NEVER}) {`,
@@ -130,7 +130,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "an acquiring CAS whose reply was lost is not recognised as our own",
     expect: "P5",
-    seed: 117,
+    seed: 5,
     edits: [["        if (p) {", `        if (p && ${NEVER}) {`]],
   },
   {
@@ -138,7 +138,7 @@ export const MUTANTS: readonly Mutant[] = [
     hole: "7",
     description: "close() stops renewing before the writes settle",
     expect: "P6",
-    seed: 37,
+    seed: 152,
     edits: [[
       "    const held = keys.map((st) => st.held || st.pending.length > 0);\n",
       "    const held = keys.map((st) => st.held || st.pending.length > 0);\n    this.#stopped = true;\n    this.#stopRenewals();\n",
@@ -207,7 +207,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a key with no entry is taken at once even where no marker is proven (the restart hole)",
     expect: "P1",
-    seed: 1413,
+    seed: 694,
     edits: [[
       "grace = unknownPast ? this.ttl - this.#markerLife : 0;",
       "grace = 0;",
