@@ -89,9 +89,9 @@ released at once and lease exits with CMD's status (128 + N for signal N).
 If the lease is lost (the server unreachable past the TTL, an eviction),
 CMD's process group gets SIGTERM, then SIGKILL after --kill-after, and lease
 exits with ${EXIT.LOST}. SIGINT and SIGTERM sent to lease are passed on to CMD.
-If lease itself is killed (SIGKILL), a watchdog process stops CMD's group the
-same way as soon as lease is gone; a successor starts only after the TTL and
-the grace.
+A watchdog process does the same if lease cannot: at once when lease is
+killed (SIGKILL), and at the lease's deadline when lease is paused (SIGSTOP)
+or frozen; a successor starts only after the TTL and the grace.
 
   --ttl MS         lease TTL when the bucket is created (default 15000; an
                    existing bucket's TTL is adopted)
@@ -318,20 +318,25 @@ function groupAlive(pid: number): boolean {
   }
 }
 
-// The watchdog: a shell of its own that reads its stdin from us. When we exit
-// without saying "done" (killed with SIGKILL), its read ends and it stops the
-// command's group as we would have: SIGTERM, then SIGKILL.
-const WATCHDOG = `read line
-[ "$line" = done ] && exit 0
-kill -TERM -"$1" 2>/dev/null || exit 0
-i=0
-while [ "$i" -lt "$2" ]; do
-  kill -0 -"$1" 2>/dev/null || exit 0
-  sleep 0.05
-  i=$((i + 50))
-done
-kill -KILL -"$1" 2>/dev/null
-exit 0`;
+/**
+ * Starts cli_watchdog.ts under this runtime, in a process group of its own
+ * (so a signal to ours or to the command's does not reach it). It stops the
+ * command's group when our lease runs out without news from us (we are
+ * paused) or our pipe to it closes (we were killed).
+ */
+function startWatchdog(pid: number, killAfter: number): ChildProcess {
+  const file = import.meta.resolve("./cli_watchdog.ts");
+  const script = file.startsWith("file:") ? fileURLToPath(file) : file;
+  const args = "Deno" in globalThis ? ["run", "--allow-run", script] : [script];
+  const w = spawn(process.execPath, [...args, String(pid), String(killAfter)], {
+    stdio: ["pipe", "ignore", "inherit"],
+    detached: true,
+  });
+  w.on("error", (err) => say(`the watchdog did not start: ${err.message}`));
+  w.stdin!.on("error", () => {});
+  w.unref();
+  return w;
+}
 
 async function run(a: Args): Promise<number> {
   const { nc, leases } = await open(a, { createBucket: true });
@@ -383,18 +388,17 @@ async function run(a: Args): Promise<number> {
       });
       const pid = child.pid;
       let watchdog: ChildProcess | undefined;
+      let tick: ReturnType<typeof setInterval> | undefined;
       if (pid !== undefined) {
-        watchdog = spawn("sh", [
-          "-c",
-          WATCHDOG,
-          "lease-watchdog",
-          String(pid),
-          String(killAfter),
-        ], {
-          stdio: ["pipe", "ignore", "ignore"],
-          detached: true,
-        });
-        watchdog.unref();
+        watchdog = startWatchdog(pid, killAfter);
+        // How long the lease is still vouched for, every tick: if we stop
+        // sending (paused), the watchdog stops the command at the deadline.
+        const tell = () =>
+          watchdog?.stdin?.write(
+            `${Math.floor(lease.deadline - performance.now())}\n`,
+          );
+        tell();
+        tick = setInterval(tell, Math.min(250, leases.ttl / 10));
       }
       let lost = false;
       const onLost = () => {
@@ -422,8 +426,15 @@ async function run(a: Args): Promise<number> {
         }
         if (groupAlive(pid)) killGroup(pid, "SIGKILL");
       }
+      clearInterval(tick);
       watchdog?.stdin?.end("done\n");
-      if (lost) code = EXIT.LOST;
+      // The watchdog may have stopped the command at the deadline a moment
+      // before our own abort handler ran: the lease ended either way.
+      if (
+        lost ||
+        (forwarded === undefined &&
+          (lease.signal.aborted || performance.now() >= lease.deadline))
+      ) code = EXIT.LOST;
       return code;
     }, { wait: true, signal: waiting.signal });
   } catch (err) {

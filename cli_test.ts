@@ -88,11 +88,15 @@ function stamps(file: string): Stamp[] {
   );
 }
 
-/** Processes whose command line contains `marker` (the commands' grandchildren). */
-function alive(marker: string): number {
+/**
+ * Processes whose command line contains `marker` (a command's shells), but
+ * for `except` (a `lease` whose own arguments carry the marker).
+ */
+function alive(marker: string, except?: number): number {
   try {
     return execFileSync("pgrep", ["-f", marker], { encoding: "utf8" })
-      .trim().split("\n").filter(Boolean).length;
+      .trim().split("\n").filter((p) => p !== "" && Number(p) !== except)
+      .length;
   } catch {
     return 0;
   }
@@ -247,6 +251,48 @@ describe("the lease command", () => {
     // to TTL/3 before the kill) and then the grace.
     assert.ok(failover >= 2 * TTL - TTL / 3 - 50, `${failover} ms`);
     assert.ok(bStart.epoch > s[0]!.epoch);
+  });
+
+  test("lease paused by SIGSTOP: its watchdog stops the command at the lease's deadline, before the next command starts", async () => {
+    const file = path.join(tmp, "stop");
+    const key = uniq("stop");
+    const marker = `stop-${key}`;
+    const a = start([
+      ...common(key, "a"),
+      "--",
+      ...stamped(file, `sh -c 'sleep 30' ${marker} & sleep 31; wait`),
+    ]);
+    await until(() => stamps(file).length >= 1, 10_000, "a's command");
+    const b = start([...common(key, "b"), "--", ...stamped(file, "true")]);
+    await sleep(200);
+    const pausedAt = Date.now();
+    process.kill(a.child.pid!, "SIGSTOP");
+    try {
+      await until(
+        () => alive(marker, a.child.pid) === 0,
+        TTL + KILL_AFTER + 1_000,
+        "the watchdog to stop a's command",
+      );
+      const goneAfter = Date.now() - pausedAt;
+      assert.equal(await b.exited, 0, b.err());
+      const bStart = stamps(file).find((x) =>
+        x.what === "start" && x.node === "b"
+      )!;
+      console.log(
+        `  [figures] lease run paused: command group gone after ${goneAfter} ms, next command after ${
+          bStart.ms - pausedAt
+        } ms (TTL ${TTL})`,
+      );
+      // Gone by the lease's deadline (at most a TTL after the pause, the
+      // last renewal being before it) plus the SIGTERM-to-SIGKILL time.
+      assert.ok(goneAfter <= TTL + KILL_AFTER + 300, `${goneAfter} ms`);
+      assert.ok(
+        bStart.ms > pausedAt + goneAfter,
+        "b started before a's command was gone",
+      );
+    } finally {
+      process.kill(a.child.pid!, "SIGCONT");
+    }
   });
 
   test("lease release --node evicts the holder: its command gets SIGTERM, then SIGKILL when it ignores it; lease exits 75", async () => {

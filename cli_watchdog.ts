@@ -1,0 +1,74 @@
+/**
+ * The watchdog of `lease run` (cli.ts): a process of its own that stops the
+ * command's process group when `lease` can no longer vouch for the lease,
+ * even if `lease` itself cannot act.
+ *
+ * `lease` writes a line to our stdin at every tick: how many milliseconds its
+ * lease is still vouched for. We stop the group (SIGTERM, then SIGKILL after
+ * `killAfter` ms) when that time is up without a newer line (`lease` paused
+ * by SIGSTOP, or frozen), or at once when our stdin closes without "done"
+ * (`lease` killed by SIGKILL). "done" means `lease` stopped the command
+ * itself: we exit.
+ *
+ * Usage (started by cli.ts): `<runtime> cli_watchdog.ts PGID KILL_AFTER_MS`
+ *
+ * @module
+ */
+
+import process from "node:process";
+import { createInterface } from "node:readline";
+
+const [pgid, killAfter] = process.argv.slice(2).map(Number);
+if (!Number.isInteger(pgid) || pgid! <= 1 || !Number.isFinite(killAfter)) {
+  throw new TypeError(
+    `Cannot watch as cli_watchdog.ts needs PGID KILL_AFTER_MS: received ${
+      JSON.stringify(process.argv.slice(2))
+    }`,
+  );
+}
+
+function alive(): boolean {
+  try {
+    process.kill(-pgid!, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+let stopping = false;
+let deadline: ReturnType<typeof setTimeout> | undefined;
+
+function stop(): void {
+  if (stopping) return;
+  stopping = true;
+  clearTimeout(deadline);
+  try {
+    process.kill(-pgid!, "SIGTERM");
+  } catch {
+    process.exit(0); // already gone
+  }
+  const end = performance.now() + killAfter!;
+  const poll = setInterval(() => {
+    if (!alive()) process.exit(0);
+    if (performance.now() >= end) {
+      try {
+        process.kill(-pgid!, "SIGKILL");
+      } catch {
+        // gone meanwhile
+      }
+      clearInterval(poll);
+      process.exit(0);
+    }
+  }, 20);
+}
+
+const lines = createInterface({ input: process.stdin });
+lines.on("line", (line) => {
+  if (line === "done") process.exit(0);
+  const ms = Number(line);
+  if (stopping || !Number.isFinite(ms)) return;
+  clearTimeout(deadline);
+  deadline = setTimeout(stop, Math.max(0, ms));
+});
+lines.on("close", stop);
