@@ -529,7 +529,7 @@ async function release(a: Args): Promise<number> {
     if (node !== a.node) {
       say(
         `'${a.key}' is ${
-          node === undefined ? "not held" : `held by ${node}`
+          node === undefined ? "not held by anyone" : `held by ${node}`
         }, not by ${a.node}: nothing evicted`,
       );
       return EXIT.NOT_HOLDER;
