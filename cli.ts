@@ -16,7 +16,7 @@
 
 import process from "node:process";
 import { type ChildProcess, spawn } from "node:child_process";
-import { hostname } from "node:os";
+import * as os from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
@@ -185,7 +185,7 @@ function parse(argv: string[]): Args {
     key: "",
     servers: (process.env.NATS_URL || "127.0.0.1:4222").split(","),
     bucket: "leases",
-    node: `${hostname()}-${process.pid}`,
+    node: `${os.hostname()}-${process.pid}`,
     json: false,
     help: false,
     command,
@@ -262,6 +262,14 @@ function parse(argv: string[]): Args {
   }
   if (a.sub === "release" && !own.includes("--node")) {
     throw new UsageError("lease release needs --node ID (the holder to evict)");
+  }
+  if (
+    a.ttl !== undefined && a.killAfter !== undefined && a.killAfter >= a.ttl
+  ) {
+    throw new UsageError(
+      `--kill-after must be below the TTL (${a.ttl} ms), so that the command is gone before a successor starts: received ${a.killAfter}`,
+      EXIT.BAD_DURATION,
+    );
   }
   if (a.ttl !== undefined && a.ttl < 500) {
     throw new UsageError(
@@ -457,21 +465,9 @@ async function run(a: Args): Promise<number> {
   return status;
 }
 
-const SIGNALS: Record<string, number> = {
-  SIGHUP: 1,
-  SIGINT: 2,
-  SIGQUIT: 3,
-  SIGKILL: 9,
-  SIGUSR1: 10,
-  SIGSEGV: 11,
-  SIGUSR2: 12,
-  SIGPIPE: 13,
-  SIGALRM: 14,
-  SIGTERM: 15,
-};
-
+/** A signal's number, for the shell's 128 + N convention. */
 function osSignal(name: string): number {
-  return SIGNALS[name] ?? 0;
+  return (os.constants.signals as Record<string, number>)[name] ?? 0;
 }
 
 function holderLine(

@@ -159,6 +159,21 @@ describe("the lease command", () => {
         [["run", "bad key", ...nowhere, "--", "true"], 65, /invalid key/],
         [["run", "k", ...nowhere, "--ttl", "soon", "--", "true"], 66, /--ttl/],
         [["run", "k", ...nowhere], 67, /needs a command after --/],
+        [
+          [
+            "run",
+            "k",
+            ...nowhere,
+            "--ttl",
+            "1000",
+            "--kill-after",
+            "1000",
+            "--",
+            "true",
+          ],
+          66,
+          /--kill-after must be below the TTL/,
+        ],
         [["frobnicate", "k", ...nowhere], 64, /unknown subcommand/],
         [["release", "k", ...nowhere], 64, /needs --node/],
       ] as const

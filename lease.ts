@@ -100,13 +100,16 @@
  * 8. **Waiting authorises nothing.** A guard with `wait: true`, a campaign
  *    and a watch follow a key through one shared watch (an ordered consumer
  *    on the key's subject), a hint that may lag like any read. What it
- *    reports only decides when a waiter runs the acquire path of 1-3
- *    again (a release, a delete, an expiry marker, another node's entry;
- *    or, where no marker will come, reads every 25 ms from one TTL after
- *    the holder's last renewal was seen until the entry is gone or 600 ms
- *    have passed, as servers before 2.11 send nothing when an entry
- *    expires); a renewal by
- *    the same holder only moves that timer. A campaign's lease is a
+ *    reports decides when a waiter runs the acquire path of 1-3 again (a
+ *    release, a delete, an expiry marker, another node's entry; one TTL
+ *    after the holder's last renewal was seen, when its entry has stood
+ *    still that long; and, where no marker will come, reads every 25 ms
+ *    for at most 600 ms after that, as servers before 2.11 send nothing
+ *    when an entry expires); a renewal by the same holder only moves that
+ *    timer. The one thing it feeds into a decision is when a holder's
+ *    revision was first seen, which the stood-still rule of 3 counts from:
+ *    the watch delivers an entry only after its holder sent it, so that
+ *    time is never early. A campaign's lease is a
  *    guard's lease, and a release ends the tenure (its signal aborts)
  *    before its delete is sent, so a waiter can see the key free only
  *    after the previous leader was told to stop.
