@@ -113,6 +113,27 @@
  *    guard's lease, and a release ends the tenure (its signal aborts)
  *    before its delete is sent, so a waiter can see the key free only
  *    after the previous leader was told to stop.
+ * 9. **A lease-checked guard writes on the last renewal's strength.** With
+ *    `check: "lease"`, a guard on a key this manager holds, past its grace,
+ *    runs the write at once if its clock reads at least
+ *    `m = 2ρ·TTL` before the deadline (ρ = `CLOCK_RATE_BOUND`, each
+ *    clock's rate within 1 ± ρ of real time). Let the last confirmed CAS
+ *    be sent at real time s. The write starts by real time
+ *    s + (TTL - m)/(1 - ρ), which is before s + TTL/(1 + ρ) because
+ *    m/TTL ≥ 1 - (1 - ρ)/(1 + ρ) = 2ρ/(1 + ρ). And no other tenure can
+ *    begin before s + TTL/(1 + ρ): a successor's CAS succeeds only after
+ *    our entry expired (stamped after s, kept a TTL of the server's
+ *    clock), or after the successor saw it stand still for a TTL of its
+ *    own clock (first seen after s), or after an out-of-band change. So,
+ *    out-of-band changes aside, the entry of our tenure is still the key's
+ *    last on the stream leader when the write starts, as a CAS would have
+ *    proven, and the write starts before the deadline, so 3 and 4 hold as
+ *    for any guarded write. What is given up: an operator's delete or a
+ *    foreign overwrite is noticed at the next renewal (at most TTL/3
+ *    later), not at the next write (a delete still owes a successor two
+ *    TTLs, 3), and writes go on through an outage until the margin. Too
+ *    small a margin, or clocks faster than assumed, lets a write start
+ *    after a successor's CAS: the simulator shows both (sim/README.md).
  *
  * @module
  */
@@ -143,6 +164,38 @@ export const DEFAULT_TTL = 15_000;
 
 /** The smallest TTL that renewal (every TTL/3, with request timeouts) can work with. */
 export const MIN_TTL = 500;
+
+/**
+ * The bound assumed on how far any process's monotonic clock (and the
+ * server's) runs from real time: 0.1%, twice NTP's largest slew (500 ppm)
+ * plus a crystal's error. The failover grace absorbs it, and
+ * {@linkcode leaseCheckMargin} is derived from it.
+ *
+ * @example The margin of a 15 s lease
+ * ```ts
+ * console.log(2 * CLOCK_RATE_BOUND * 15_000); // 30 ms
+ * ```
+ */
+export const CLOCK_RATE_BOUND = 0.001;
+
+/**
+ * How far, at least, the deadline of a held lease must be for a guard with
+ * `check: "lease"` to write without a round trip: `2 × CLOCK_RATE_BOUND ×
+ * ttl`. A write started that early starts while the key's entry is still
+ * on the server and nobody else can have taken the key (see point 9 of
+ * this module's safety argument).
+ *
+ * @param ttl The lease TTL in milliseconds.
+ * @returns The margin in milliseconds.
+ *
+ * @example
+ * ```ts
+ * console.log(leaseCheckMargin(15_000)); // 30
+ * ```
+ */
+export function leaseCheckMargin(ttl: number): number {
+  return 2 * CLOCK_RATE_BOUND * ttl;
+}
 
 /**
  * The NATS connection a manager works over: any `NatsConnection` of
@@ -229,6 +282,18 @@ export interface LeaseManagerOptions {
    * @default {true}
    */
   markers?: boolean;
+  /**
+   * How a guard on a key this node already holds proves the lease before
+   * its write: `"cas"` by a compare-and-set sent after the call (one round
+   * trip; an operator's delete or a foreign overwrite is caught at the next
+   * write), `"lease"` by the deadline of the last renewal when it is at
+   * least {@linkcode leaseCheckMargin} away (no round trip; such a change
+   * is caught at the next renewal, at most TTL/3 later, and writes go on
+   * through a short outage until that margin before the deadline). Either
+   * way the epoch stays the fence. A guard's own `check` overrides it.
+   * @default {"cas"}
+   */
+  check?: GuardCheck;
   /**
    * Aborting this signal shuts the manager down, as
    * {@linkcode LeaseManager.close} does.
@@ -355,7 +420,28 @@ export interface GuardOptions {
    * @default {false}
    */
   wait?: boolean;
+  /**
+   * How this guard proves the lease when this node already holds the key;
+   * see {@linkcode LeaseManagerOptions.check}. With `"lease"`, a held key
+   * whose deadline is at least {@linkcode leaseCheckMargin} away runs
+   * `write` at once, within this call; otherwise the guard takes the
+   * `"cas"` path.
+   * @default {the manager's `check`}
+   */
+  check?: GuardCheck;
 }
+
+/**
+ * How a guard proves that this node holds the lease, see
+ * {@linkcode LeaseManagerOptions.check}.
+ *
+ * @example A write on the strength of the last renewal
+ * ```ts ignore
+ * const check: GuardCheck = "lease";
+ * await leases.guard("orders", write, { check });
+ * ```
+ */
+export type GuardCheck = "cas" | "lease";
 
 /** Options of {@linkcode LeaseManager.campaign} and {@linkcode LeaseManager.watch}. */
 export interface WatchOptions {
@@ -1062,6 +1148,8 @@ export interface ManagerSettings {
    * could not be checked).
    */
   markerLife: number;
+  /** See {@linkcode LeaseManagerOptions.check}; `"cas"` when omitted. */
+  check?: GuardCheck;
   /** Aborting it closes the manager. */
   signal: AbortSignal | undefined;
 }
@@ -1157,6 +1245,9 @@ class Manager implements LeaseManager {
   readonly #markerLife: number;
   readonly #settleTimeout: number;
   readonly #idleRelease: number | undefined;
+  readonly #check: GuardCheck;
+  /** See {@linkcode leaseCheckMargin}. */
+  readonly #margin: number;
   /** Tags our writes so a restarted process with our node id is told apart. */
   readonly #instance: string;
   #counter = 0;
@@ -1200,6 +1291,8 @@ class Manager implements LeaseManager {
     this.#markerLife = Math.max(0, Math.min(o.markerLife, o.ttl));
     this.#settleTimeout = o.settleTimeout;
     this.#idleRelease = o.idleRelease;
+    this.#check = o.check ?? "cas";
+    this.#margin = leaseCheckMargin(o.ttl);
     this.#instance = port.newInstanceId();
     this.#signal = o.signal;
     this.#signal?.addEventListener("abort", this.#onAbort, { once: true });
@@ -1247,7 +1340,19 @@ class Manager implements LeaseManager {
           }`,
         );
       }
+      const check = options?.check;
+      if (check !== undefined && check !== "cas" && check !== "lease") {
+        throw new TypeError(
+          `Cannot guard a write on '${key}' as 'check' must be "cas" or "lease": received ${
+            describe(check)
+          }`,
+        );
+      }
       const signal = options?.signal;
+      if ((check ?? this.#check) === "lease") {
+        const st = this.#fresh(key, signal);
+        if (st) return this.#run(st, write, signal, true);
+      }
       return wait
         ? this.#guardWait(key, write, signal, true)
         : this.#guardOnce(key, write, signal, true);
@@ -1293,15 +1398,46 @@ class Manager implements LeaseManager {
     if (now < st.notBefore) {
       throw new NotHolderError(key, undefined, Math.ceil(st.notBefore - now));
     }
-    const tenure = st.tenure!;
     this.#vouch(st, now);
-    if (tenure.controller.signal.aborted) {
+    if (st.tenure!.controller.signal.aborted) {
       // The CAS landed but took so long that it no longer vouches for us.
       throw new UnavailableError(
         key,
         `Cannot guard a write on '${key}': the lease was confirmed too late to write under it`,
       );
     }
+    return this.#run(st, write, signal, follow);
+  }
+
+  /**
+   * The key's state if a `check: "lease"` guard may write on it now with
+   * no round trip (safety argument, point 9): held, past its grace, not
+   * being given up, and its deadline at least the margin away. Reads the
+   * clock once; the write then starts in this same synchronous step.
+   */
+  #fresh(key: string, signal: AbortSignal | undefined): KeyState | undefined {
+    if (signal?.aborted || this.#closing || this.#defunct) return undefined;
+    const st = this.#keys.get(key);
+    const t = st?.tenure;
+    if (!st || !t || !st.held || st.releasing || st.gone) return undefined;
+    if (t.controller.signal.aborted || this.#port.isClosed()) return undefined;
+    const now = this.#port.now();
+    if (now < st.notBefore || t.validUntil - now < this.#margin) {
+      return undefined;
+    }
+    st.lastUse = now;
+    return st;
+  }
+
+  /** Runs `write` under `st`'s current tenure, which vouches for it now. */
+  async #run<T>(
+    st: KeyState,
+    write: (lease: Lease) => T | Promise<T>,
+    signal: AbortSignal | undefined,
+    follow: boolean,
+  ): Promise<T> {
+    const key = st.key;
+    const tenure = st.tenure!;
     // With a caller's signal, one controller follows both for the length of
     // the write; its listeners go in `finally`, so a long-lived caller
     // signal does not collect one dependent per guard.
@@ -3225,6 +3361,16 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
   checkBoolean("createBucket", options.createBucket);
   checkBoolean("allowUnverifiedReplicas", options.allowUnverifiedReplicas);
   checkBoolean("markers", options.markers);
+  if (
+    options.check !== undefined && options.check !== "cas" &&
+    options.check !== "lease"
+  ) {
+    throw new TypeError(
+      `Cannot create lease manager as 'check' must be "cas" or "lease": received ${
+        describe(options.check)
+      }`,
+    );
+  }
   const idleRelease = options.idleRelease === undefined
     ? undefined
     : checkDuration("idleRelease", options.idleRelease, 1, 2 ** 31 - 1);
@@ -3242,6 +3388,7 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     timeout: 0,
     settleTimeout: 0,
     idleRelease,
+    check: options.check ?? "cas",
     restartGrace: options.restartGrace ?? true,
     markers: options.markers ?? true,
     markerLife: 0,

@@ -30,13 +30,16 @@
  */
 
 export {
+  CLOCK_RATE_BOUND,
   type CloseResult,
   type Connection,
   createLeaseManager,
   DEFAULT_TTL,
+  type GuardCheck,
   type GuardOptions,
   type Holder,
   type Lease,
+  leaseCheckMargin,
   type LeaseManager,
   type LeaseManagerOptions,
   MIN_TTL,
