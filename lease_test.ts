@@ -12,6 +12,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { type KV, Kvm } from "@nats-io/kv";
 import {
   createLeaseManager,
+  leaseCheckMargin,
   type LeaseManager,
   type LeaseManagerOptions,
   NotHolderError,
@@ -457,6 +458,124 @@ describe("lease manager on one server", () => {
     );
   });
 
+  describe('check: "lease"', () => {
+    test('a guard on a held key writes within the call and sends nothing; "cas" sends a CAS per guard', async () => {
+      const c = await conn(ns.url);
+      conns.push(c);
+      const m = await manager({
+        node: "a",
+        bucket: uniq("b"),
+        nc: c,
+        restartGrace: false,
+      });
+      const epoch = await m.guard("k", (l) => l.epoch);
+      let ran = false;
+      const p = m.guard("k", () => {
+        ran = true;
+      }, { check: "lease" });
+      assert.equal(ran, true, "the write ran inside guard()");
+      await p;
+      const out = c.stats().outMsgs;
+      const left: number[] = [];
+      for (let i = 0; i < 200; i++) {
+        await m.guard("k", (l) => {
+          assert.equal(l.epoch, epoch);
+          left.push(l.deadline - performance.now());
+        }, { check: "lease" });
+      }
+      // A background renewal (every TTL/3) may fall inside the loop.
+      assert.ok(
+        c.stats().outMsgs - out <= 2,
+        `sent ${c.stats().outMsgs - out}`,
+      );
+      assert.ok(Math.min(...left) >= leaseCheckMargin(TTL));
+      const out2 = c.stats().outMsgs;
+      for (let i = 0; i < 20; i++) await m.guard("k", () => {});
+      assert.ok(c.stats().outMsgs - out2 >= 20, "each CAS guard sends");
+    });
+
+    test("the manager option applies to every guard; a guard's own check overrides it", async () => {
+      const c = await conn(ns.url);
+      conns.push(c);
+      const m = await manager({
+        node: "a",
+        bucket: uniq("b"),
+        nc: c,
+        restartGrace: false,
+        check: "lease",
+      });
+      await m.guard("k", () => {}); // acquires through the CAS path
+      const out = c.stats().outMsgs;
+      for (let i = 0; i < 50; i++) await m.guard("k", () => {});
+      assert.ok(
+        c.stats().outMsgs - out <= 2,
+        `sent ${c.stats().outMsgs - out}`,
+      );
+      const out2 = c.stats().outMsgs;
+      for (let i = 0; i < 20; i++) {
+        await m.guard("k", () => {}, { check: "cas" });
+      }
+      assert.ok(c.stats().outMsgs - out2 >= 20);
+    });
+
+    test("a key not held, held by another node, or in its grace takes the CAS path and is refused as before", async () => {
+      const bucket = uniq("b");
+      const a = await manager({ node: "a", bucket, markers: false });
+      const b = await manager({ node: "b", bucket, markers: false });
+      let calls = 0;
+      const inGrace = await a.guard("k", () => calls++, { check: "lease" })
+        .catch((e) => e);
+      assert.ok(
+        inGrace instanceof NotHolderError && inGrace.retryAfter! > 0,
+        String(inGrace),
+      );
+      const again = await a.guard("k", () => calls++, { check: "lease" })
+        .catch((e) => e);
+      assert.ok(again instanceof NotHolderError && again.retryAfter! > 0);
+      const other = await b.guard("k", () => calls++, { check: "lease" })
+        .catch((e) => e);
+      assert.ok(
+        other instanceof NotHolderError && other.holder === "a",
+        String(other),
+      );
+      assert.equal(calls, 0);
+      await sleep(inGrace.retryAfter! + 20);
+      assert.equal(await a.guard("k", () => ++calls, { check: "lease" }), 1);
+    });
+
+    test('an operator delete is noticed at the next renewal (at most TTL/3 later) with "lease", at the next write with "cas"', async () => {
+      const bucket = uniq("b");
+      const m = await manager({ node: "a", bucket, restartGrace: false });
+      const kv = await rawKv(nc, bucket);
+      let signal!: AbortSignal;
+      await m.guard("cas", () => {});
+      await m.guard("lease", (l) => {
+        signal = l.signal;
+      });
+      await kv.delete("cas");
+      await kv.delete("lease");
+      const t0 = performance.now();
+      await assert.rejects(m.guard("cas", () => {}), NotHolderError);
+      // Given up by this mode: the lease still vouches until a renewal.
+      let writes = 0;
+      let refused: unknown;
+      while (performance.now() - t0 < TTL) {
+        try {
+          await m.guard("lease", () => writes++, { check: "lease" });
+        } catch (err) {
+          refused = err;
+          break;
+        }
+        await sleep(2);
+      }
+      const noticed = performance.now() - t0;
+      assert.ok(refused instanceof NotHolderError, String(refused));
+      assert.ok(signal.aborted && signal.reason instanceof NotHolderError);
+      assert.ok(writes >= 1, "writes went on until the renewal");
+      assert.ok(noticed <= TTL / 3 + 150, `noticed after ${noticed} ms`);
+    });
+  });
+
   describe("bad input gets a clear error, sends nothing and never calls write", () => {
     const badKeys = [
       "",
@@ -508,6 +627,22 @@ describe("lease manager on one server", () => {
       });
     }
 
+    test("guard() rejects a check that is not a mode with TypeError", async () => {
+      await m.guard("k", () => {});
+      const out = nc.stats().outMsgs;
+      let called = false;
+      for (const check of ["fast", "", 1, null]) {
+        await assert.rejects(
+          m.guard("k", () => {
+            called = true;
+          }, { check: check as "cas" }),
+          (e) => e instanceof TypeError && /'check'/.test(e.message),
+        );
+      }
+      assert.equal(called, false);
+      assert.equal(nc.stats().outMsgs, out);
+    });
+
     test("guard() rejects a write that is not a function with TypeError", async () => {
       const out = nc.stats().outMsgs;
       await assert.rejects(
@@ -534,6 +669,7 @@ describe("lease manager on one server", () => {
       ["timeout above ttl", { timeout: 5000 }, /'timeout'.*5000/],
       ["restartGrace not boolean", { restartGrace: "yes" }, /'restartGrace'/],
       ["signal not a signal", { signal: {} }, /'signal'/],
+      ["check not a mode", { check: "fast" }, /'check'.*"fast"/],
     ];
     for (const [what, opts, re] of badOptions) {
       test(`createLeaseManager() rejects ${what} at once and sends nothing`, async () => {
@@ -696,6 +832,51 @@ describe("lease manager under server faults", () => {
       // Not reported lost: the next guard recognises its own write.
       assert.equal(await m.guard("k", (l) => l.epoch), epoch);
     } finally {
+      await m.close();
+      await nc.close();
+    }
+  });
+
+  test('check: "lease" writes on through a paused server only until the margin before the deadline, then refuses', async () => {
+    await using ns = await NatsServer.start();
+    const nc = await conn(ns.url);
+    const m = await createLeaseManager({
+      nc,
+      node: "a",
+      bucket: uniq("b"),
+      ttl: TTL,
+      restartGrace: false,
+    });
+    try {
+      await m.guard("k", () => {});
+      await ns.pause();
+      const t0 = performance.now();
+      const left: number[] = [];
+      let last = 0;
+      let refused: unknown;
+      while (performance.now() - t0 < 3 * TTL) {
+        try {
+          await m.guard("k", (l) => {
+            left.push(l.deadline - performance.now());
+            last = performance.now() - t0;
+          }, { check: "lease" });
+        } catch (err) {
+          refused = err;
+          break;
+        }
+        await sleep(5);
+      }
+      await ns.resume();
+      assert.ok(refused instanceof UnavailableError, String(refused));
+      assert.ok(left.length > 10, `${left.length} writes during the pause`);
+      assert.ok(
+        Math.min(...left) >= leaseCheckMargin(TTL),
+        `a write started ${Math.min(...left)} ms before the deadline`,
+      );
+      // The last confirmed CAS was sent before the pause.
+      assert.ok(last <= TTL, `writes went on for ${last} ms`);
+    } finally {
+      await ns.resume();
       await m.close();
       await nc.close();
     }
