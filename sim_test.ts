@@ -288,7 +288,11 @@ describe("mutants of lease.ts", () => {
   const source = fs.readFileSync(path.join(ROOT, "lease.ts"), "utf8");
 
   test("mutate() applies every mutant to the current lease.ts", () => {
-    for (const m of MUTANTS) assert.notEqual(mutate(source, m), source);
+    for (const m of MUTANTS) {
+      // A mutant of the world (clocks beyond the bound) leaves lease.ts as is.
+      if (m.edits.length === 0) assert.ok(m.options, m.name);
+      else assert.notEqual(mutate(source, m), source);
+    }
   });
 
   for (const m of MUTANTS.filter((m) => m.expect !== undefined)) {

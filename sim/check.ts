@@ -2,7 +2,8 @@
  * The properties checked on every history, over what the workload saw
  * (guarded writes, in true time) and what the simulated server applied. P3
  * and P4 are also checked while the history runs (in `world.ts`), at the
- * instant they concern; the rest are checked here, after it.
+ * instant they concern, and P9 only there; the rest are checked here, after
+ * it.
  *
  * Notation: true (virtual) time t; process p's clock reads
  * L_p(t) = offset_p + rate_p·t with |rate_p - 1| <= ε; TTL is the bucket's

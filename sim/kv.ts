@@ -121,6 +121,11 @@ export class SimKv {
   readonly lifecycle: { t: number; event: "deleted" | "created" }[] = [];
   /** Called whenever a key's last message changes (`null`: none left). */
   onChange: ((key: string, last: Stored | null) => void) | undefined;
+  /**
+   * Called with every message the leader appends (an expiry without a
+   * marker appends nothing, as on a real server): the watches' feed.
+   */
+  readonly appended: Set<(e: Stored) => void> = new Set();
 
   /**
    * @param sched The event queue (for expiries).
@@ -304,6 +309,7 @@ export class SimKv {
     this.#last.set(subject, e);
     this.#change(subject, e);
     this.log.push(e);
+    for (const fn of this.appended) fn(e);
     const life = e.marker !== undefined ? this.markerLife : this.cfg.maxAge;
     const inc = this.incarnation;
     this.#sched.at(

@@ -15,6 +15,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { ROOT } from "./load.ts";
+import type { SimOptions } from "./world.ts";
 
 /** One hole, as replacements on `lease.ts`. */
 export interface Mutant {
@@ -40,6 +41,12 @@ export interface Mutant {
   readonly budget?: number;
   /** [search, replacement] pairs. */
   readonly edits: readonly (readonly [string, string])[];
+  /**
+   * Simulator settings that break an assumption of the safety argument
+   * instead of (or besides) the code: the mutant runs with them, the
+   * unmutated baseline it is compared with runs without them.
+   */
+  readonly options?: SimOptions;
 }
 
 const NEVER = "false as boolean";
@@ -239,6 +246,26 @@ export const MUTANTS: readonly Mutant[] = [
       "st.observed = { seq: seen.seq, at: kw.seenAt };",
       "st.observed = { seq: seen.seq, at: kw.seenAt - this.ttl };",
     ]],
+  },
+  {
+    name: "lease_check_no_margin",
+    hole: "L1",
+    description:
+      'a check: "lease" guard writes with no round trip up to its deadline (margin 0)',
+    expect: "P9",
+    edits: [[
+      "this.#margin = leaseCheckMargin(o.ttl);",
+      "this.#margin = 0;",
+    ]],
+  },
+  {
+    name: "clocks_beyond_bound",
+    hole: "L2",
+    description:
+      "clocks run up to 5× further from real time than CLOCK_RATE_BOUND assumes (lease.ts unchanged)",
+    expect: "P9",
+    edits: [],
+    options: { clockEpsilon: 5e-3 },
   },
 ];
 

@@ -18,6 +18,13 @@
  * - **Crash**: the process never runs again; nothing is released.
  * - **Connection close**: `closed()` settles, `isClosed()` turns true,
  *   requests in flight and later ones reject.
+ * - **Partition**: for a while every request and reply is lost (requests
+ *   time out) and watches deliver nothing; when it heals, each watch
+ *   resumes with its subject's last entry, as after a reconnect.
+ * - **Watch**: the subject's last entry one round trip after the call,
+ *   then every message the leader appends on the subject, each one
+ *   one-way delay later and in order (an expiry without a marker sends
+ *   nothing).
  * - **Like the production port** (`natsPort` in `../lease.ts`): after a
  *   request went unanswered, the next successful write is returned only
  *   after a stream-info round trip shows the stream is the incarnation the
@@ -53,6 +60,8 @@ export interface Network {
   readonly timersFirst: boolean;
   /** Called after `node` sent a request (a history may pause it right then). */
   sent(node: SimNode, key: string, req?: WriteRequest): void;
+  /** Called when a write's reply reached `node` (a history may partition it right then). */
+  replied(node: SimNode, key: string): void;
   /** Tells the history a fault touched `node` over [t0, t1] (true time). */
   disturbed(node: SimNode, t0: number, t1: number, why: string): void;
 }
@@ -78,6 +87,12 @@ export class SimNode implements Target {
   /** True time of the crash. */
   diedAt = Infinity;
   closed = false;
+  /** Cut off from the server (see {@linkcode SimNode.partition}). */
+  partitioned = false;
+  /** True time at which the current partition heals. */
+  healAt = 0;
+  /** What each open watch does when a partition heals. */
+  readonly #resync = new Set<() => void>();
   /** True time at which the current pause ends. */
   resumeAt = 0;
   readonly port: Port;
@@ -207,6 +222,36 @@ export class SimNode implements Target {
     for (const ev of held) this.#sched.requeue(ev);
   }
 
+  /**
+   * Cuts the process off from the server until true time `until`: its
+   * requests and the replies to it are lost, its watches deliver nothing.
+   */
+  partition(until: number): void {
+    if (this.dead || this.closed) return;
+    const t0 = this.#sched.now;
+    this.#net.disturbed(this, t0, until, "partition");
+    if (this.partitioned && until <= this.healAt) return;
+    if (!this.partitioned) {
+      this.#trace.add(
+        t0,
+        undefined,
+        this.label,
+        () =>
+          `partitioned until ${until.toFixed(3)} (${
+            (until - t0).toFixed(1)
+          } ms)`,
+      );
+    }
+    this.partitioned = true;
+    this.healAt = until;
+    this.#sched.at(until, () => {
+      if (!this.partitioned || this.#sched.now < this.healAt) return;
+      this.partitioned = false;
+      this.#trace.add(this.#sched.now, undefined, this.label, () => `healed`);
+      for (const fn of this.#resync) fn();
+    }, { pure: true });
+  }
+
   /** The process stops for good. */
   crash(): void {
     if (this.dead) return;
@@ -292,7 +337,8 @@ export class SimNode implements Target {
         timeout,
         "timer",
       );
-      const fate = this.#net.fate(this, what, req);
+      const drawn = this.#net.fate(this, what, req);
+      const fate = this.partitioned ? "lostRequest" : drawn;
       if (fate !== "ok") {
         this.#net.disturbed(
           this,
@@ -318,9 +364,12 @@ export class SimNode implements Target {
           ? timeout / this.rate + this.#net.lateBy()
           : this.#net.delay();
         sched.at(sched.now + back, () => {
-          if (p.settled) return;
+          if (p.settled || this.partitioned) return;
           if (reply instanceof Error) this.#settle(p, undefined, reply);
-          else this.#settle(p, reply);
+          else {
+            this.#settle(p, reply);
+            if (what === "write") this.#net.replied(this, key);
+          }
         }, { target: this, kind: "io" });
       }, { target: this.#net.freeze ? this : undefined, pure: true });
     });
@@ -474,8 +523,61 @@ export class SimNode implements Target {
           },
         );
       },
+      watch: (subject, onEntry) => this.#watch(subject, onEntry),
       isClosed: () => this.closed,
       closed: () => this.#closedPromise,
+    };
+  }
+
+  /** {@linkcode Port.watch}: see the module's description. */
+  #watch(
+    subject: string,
+    onEntry: (e: RawEntry | null) => void,
+  ): { stop(): Promise<void> } {
+    const kv = this.#kv;
+    const sched = this.#sched;
+    const key = keyOf(subject);
+    let stopped = false;
+    let lastDue = 0;
+    const deliver = (e: Stored | null, due: number) => {
+      lastDue = Math.max(due, lastDue);
+      sched.at(lastDue, () => {
+        if (stopped || this.closed || this.partitioned) return;
+        this.#trace.add(
+          sched.now,
+          key,
+          this.label,
+          () => `watch: ${describeStored(e)}`,
+        );
+        onEntry(e === null ? null : toRaw(e));
+      }, { target: this, kind: "io" });
+    };
+    // The subject's last entry, read at the server one delay from now.
+    const start = () => {
+      if (this.closed || this.partitioned) return;
+      sched.at(sched.now + this.#net.delay(), () => {
+        if (stopped || kv.gone) return;
+        deliver(kv.last(subject) ?? null, sched.now + this.#net.delay());
+      }, { pure: true });
+    };
+    const onAppend = (e: Stored) => {
+      if (e.subject !== subject || stopped || this.partitioned) return;
+      deliver(e, sched.now + this.#net.delay());
+    };
+    kv.appended.add(onAppend);
+    this.#resync.add(start);
+    start();
+    return {
+      stop: () => {
+        stopped = true;
+        kv.appended.delete(onAppend);
+        this.#resync.delete(start);
+        // The consumer's deletion: one round trip.
+        const back = 2 * this.#net.delay();
+        return new Promise<void>((resolve) => {
+          sched.at(sched.now + back, resolve, { pure: true });
+        });
+      },
     };
   }
 }

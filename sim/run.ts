@@ -51,7 +51,7 @@ export interface Args {
 const USAGE = `usage: sim/run.ts [--seeds N] [--from S] [--seconds T]
                   [--lease FILE | --mutant ID | --mutants [--expected-only]]
                   [--trace SEED] [--reduce SEED] [--stop] [--blind-kind blind|escape]
-                  [--exact-timers P] [--length TTLS]`;
+                  [--exact-timers P] [--length TTLS] [--clock-epsilon E]`;
 
 /**
  * Parses the command line.
@@ -132,6 +132,9 @@ export function parseArgs(argv: readonly string[]): Args {
         break;
       case "--length":
         a.options.length = num(flag, value());
+        break;
+      case "--clock-epsilon":
+        a.options.clockEpsilon = num(flag, value());
         break;
       case "-h":
       case "--help":
@@ -390,8 +393,9 @@ export async function hunt(
   const lib = await loadLease(writeMutant(m));
   const base = real ?? await loadLease();
   const t0 = performance.now();
+  const settings = { ...options, ...m.options };
   for (let s = from; s < from + budget; s++) {
-    const r = await runHistory(s, lib, options);
+    const r = await runHistory(s, lib, settings);
     if (r.violations.length === 0) continue;
     // A failure counts only if the unmutated module does not fail the same
     // property on the same seed.
@@ -446,7 +450,9 @@ async function main(argv: readonly string[]): Promise<number> {
   if (
     a.mutant !== undefined && (a.trace !== undefined || a.reduce !== undefined)
   ) {
-    a.lease = writeMutant(findMutant(a.mutant));
+    const m = findMutant(a.mutant);
+    a.lease = writeMutant(m);
+    a.options = { ...a.options, ...m.options };
     a.mutant = undefined;
   }
   if (a.mutants || a.mutant !== undefined) {

@@ -56,6 +56,12 @@ export interface SimOptions {
   ttls?: readonly number[];
   /** Clock-rate bound: every clock runs at 1 ± at most this. @default {1e-3} */
   epsilon?: number;
+  /**
+   * The clock-rate bound the simulated clocks really keep, when it differs
+   * from `epsilon` (the bound lease.ts and the checks assume): a run with
+   * clocks beyond the assumed bound. @default {epsilon}
+   */
+  clockEpsilon?: number;
   /** Length of a history, in TTLs. @default {12} */
   length?: number;
   /** Probability that each fault of the menu is on in a history. @default {0.5} */
@@ -84,6 +90,8 @@ export interface SimOptions {
 export interface Plan {
   ttl: number;
   epsilon: number;
+  /** The bound the clocks really keep (see {@linkcode SimOptions.clockEpsilon}). */
+  clockEpsilon: number;
   timeout: number;
   settleTimeout: number;
   /** History length, ms. */
@@ -140,6 +148,25 @@ export interface Plan {
    * so that plans and workloads drawn before it stay as they were.
    */
   waitShare: number;
+  /**
+   * Share of guards made with `check: "lease"` (0: every guard proves the
+   * lease by a compare-and-set). Drawn from a stream of its own.
+   */
+  leaseShare: number;
+  /**
+   * In histories with lease-checked guards: probability that a write's
+   * start schedules another lease-checked guard on its key just before
+   * its deadline (within three margins of it), where the margin matters
+   * once renewals fail.
+   */
+  hugs: number;
+  /**
+   * Probability that a write's reply, as it reaches its process, starts a
+   * network partition of that process (0.3-2 TTL): its lease then runs
+   * out on the last confirmed renewal while the process keeps running.
+   * Drawn from a stream of its own.
+   */
+  partitions: number;
   /** Crash a holder mid-history and check that a contender takes over (P5). */
   liveness: boolean;
   /**
@@ -248,6 +275,7 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
   const plan: Plan = {
     ttl,
     epsilon,
+    clockEpsilon: o.clockEpsilon ?? epsilon,
     timeout: ttl / 4,
     settleTimeout: ttl,
     duration: (o.length ?? 12) * ttl,
@@ -283,9 +311,17 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     liveness: r.chance(o.livenessChance ?? 0.3),
     storms: draw(r.chance(0.3), r.between(0.02, 0.2), 0),
     waitShare: 0,
+    leaseShare: 0,
+    hugs: 0,
+    partitions: 0,
   };
   const rw = stream(seed, "waitplan");
   plan.waitShare = rw.chance(0.5) ? rw.between(0.1, 0.6) : 0;
+  const rc = stream(seed, "checkplan");
+  plan.leaseShare = rc.chance(0.5) ? rc.between(0.5, 1) : 0;
+  plan.hugs = rc.chance(0.7) ? rc.between(0.1, 0.5) : 0;
+  const rp = stream(seed, "partitionplan");
+  plan.partitions = rp.chance(chance) ? rp.between(0.002, 0.02) : 0;
   Object.assign(plan, o.override);
   // The liveness episode needs a manager that can still act: none made
   // defunct by the bucket or its connection, none giving keys up on its own.
@@ -342,6 +378,8 @@ export async function runHistory(
   const rPause = stream(seed, "pauses");
   const rStorm = stream(seed, "storms");
   const rWait = stream(seed, "wait");
+  const rCheck = stream(seed, "check");
+  const rPart = stream(seed, "partitions");
   const pauseLength = (): number => {
     const x = rPause.next();
     return x < 0.5
@@ -457,6 +495,11 @@ export async function runHistory(
         }, { pure: true });
       }
     },
+    replied(node) {
+      if (plan.partitions > 0 && !quiet && rPart.chance(plan.partitions)) {
+        node.partition(sched.now + rPart.between(0.3, 2) * ttl);
+      }
+    },
     lateBy: () => rNet.between(1, ttl),
     timerLate: () => plan.exactTimers ? 0 : rTimer.next(),
     replica: () => quiet ? 0 : rReplica.int(plan.lags.length),
@@ -471,7 +514,7 @@ export async function runHistory(
     const rate = plan.skew
       ? 1 +
         (rClock.chance(0.3) ? rClock.pick([-1, 1]) : rClock.between(-1, 1)) *
-          epsilon
+          plan.clockEpsilon
       : 1;
     const node = new SimNode(
       sched,
@@ -565,15 +608,27 @@ export async function runHistory(
 
   // ---- The workload: guarded writes.
   let writeIds = 0;
-  const guard = (m: Mgr, key: string, kind: WriteKind, duration: number) => {
+  const guard = (
+    m: Mgr,
+    key: string,
+    kind: WriteKind,
+    duration: number,
+    hug = false,
+  ) => {
     const node = m.node;
     const id = ++writeIds;
+    const lease = hug || rCheck.chance(plan.leaseShare);
     // A waiting guard gives up after 0.5-4 TTLs (its signal aborts).
     const waitMs = rWait.chance(plan.waitShare)
       ? rWait.between(0.5, 4) * ttl
       : 0;
-    let options: { wait: true; signal: AbortSignal } | undefined;
+    let options:
+      | { wait?: true; signal?: AbortSignal; check?: "lease" }
+      | undefined = lease ? { check: "lease" } : undefined;
     let writing = false;
+    // Set once guard() returned: a write that starts before is one that a
+    // lease-checked guard ran with no round trip (the CAS path awaits one).
+    let returned = false;
     if (waitMs > 0) {
       // It gives up only while waiting: a caller's signal that aborts
       // during the write ends that write (as it should), which P6 would
@@ -586,7 +641,7 @@ export async function runHistory(
         waitMs,
         "timer",
       );
-      options = { wait: true, signal: ac.signal };
+      options = { ...options, wait: true, signal: ac.signal };
     }
     trace.add(
       sched.now,
@@ -595,7 +650,7 @@ export async function runHistory(
       () =>
         `guard #${id} (${kind}, ${duration.toFixed(1)} ms${
           waitMs > 0 ? `, waits up to ${waitMs.toFixed(1)} ms` : ""
-        })`,
+        }${lease ? `, check lease${hug ? ", hugs the deadline" : ""}` : ""})`,
     );
     const call: GuardCall = { mgr: m.label, key, t0: sched.now };
     guardCalls.push(call);
@@ -646,10 +701,55 @@ export async function runHistory(
           }, not before its deadline ${lease.deadline.toFixed(3)}`,
         );
       }
+      // P9: a write a lease-checked guard ran with no round trip starts
+      // while its tenure's entry is still the key's last on the leader,
+      // unless an operator (or a bucket deletion) removed it within the
+      // TTL before, which that mode notices only at the next renewal.
+      if (!returned) {
+        const last = kv.last(kv.subject(key));
+        const since = t - 1.1 * ttl / (1 - plan.clockEpsilon);
+        if (
+          !(last && tenureWrite(last, m.label, lease.epoch)) &&
+          !disturbances.some((d) =>
+            d.t1 >= since &&
+            (d.scope === "all" || (d.scope === "key" && d.who === key))
+          )
+        ) {
+          violate(
+            "P9",
+            key,
+            `write #${id} of ${m.label} (epoch ${lease.epoch}) started with no round trip at ${
+              t.toFixed(3)
+            }, deadline ${
+              node.trueOf(lease.deadline).toFixed(3)
+            }, but the key's last message is ${
+              last
+                ? `${last.writer}'s @${last.seq} (${
+                  last.marker ?? last.operation ?? "put"
+                })`
+                : "none"
+            }`,
+          );
+        }
+      }
+      // Another lease-checked guard just before the deadline (in its clock).
+      if (lease && !hug && plan.hugs > 0 && rCheck.chance(plan.hugs)) {
+        const margin = 2 * plan.epsilon * ttl;
+        const at = lease.deadline - rCheck.between(0, 3 * margin);
+        node.after(
+          () => {
+            if (live(m)) {
+              guard(m, key, "careful", rCheck.between(0, ttl / 50), true);
+            }
+          },
+          Math.max(0, at - node.local()),
+          "timer",
+        );
+      }
       // With a caller's signal (a waiting guard), `lease.signal` follows the
       // tenure only while the write runs, so it cannot tell when the tenure
       // ends; the guards without one track it.
-      if (options === undefined) watch(m, key, lease.signal, lease.epoch);
+      if (!options?.signal) watch(m, key, lease.signal, lease.epoch);
       const finish = () => {
         rec.checkAt = sched.now;
         if (kind === "careful") {
@@ -717,6 +817,7 @@ export async function runHistory(
         );
       },
     );
+    returned = true;
   };
 
   const duration = (): number => {
