@@ -496,7 +496,9 @@ export interface LeaseManager extends AsyncDisposable {
    * compare-and-set, enforces the failover grace, and calls `write` only
    * after a CAS sent after this call confirmed that this node holds the key.
    * In steady state this costs one server round trip; concurrent guards on
-   * one key share it.
+   * one key share it. With `check: "lease"`, a key held with its deadline at
+   * least {@linkcode leaseCheckMargin} away costs none: the write runs at
+   * once, inside this call.
    *
    * A key once acquired is renewed in the background (every TTL/3) until
    * {@linkcode LeaseManager.release}, `close()`, or `idleRelease`.
@@ -504,11 +506,11 @@ export interface LeaseManager extends AsyncDisposable {
    * @typeParam T What `write` returns.
    * @param key The store key: ASCII letters, digits, `-`, `_`, `/`, `=` and non-empty `.`-separated tokens.
    * @param write The write; it gets the {@linkcode Lease} with the fencing epoch, deadline and loss signal.
-   * @param options A signal to stop waiting, and `wait` to wait for the key instead of being refused.
+   * @param options A signal to stop waiting, `wait` to wait for the key instead of being refused, and `check: "lease"` to write on a held key with no round trip while its deadline is far enough.
    * @returns What `write` returns; what it throws is rethrown unchanged, and the lease stays held.
    * @throws {NotHolderError} Another node holds the key, or the grace after a takeover is running; `write` was not called. Never with `wait: true`.
    * @throws {UnavailableError} The server could not be reached, answered too late, or the bucket is gone; `write` was not called. With `wait: true`, only when the bucket is gone or the connection closed for good.
-   * @throws {TypeError} The key is invalid, `write` is not a function, `wait` is not a boolean, or the manager is closed (also while waiting).
+   * @throws {TypeError} The key is invalid, `write` is not a function, `wait` is not a boolean, `check` is neither `"cas"` nor `"lease"`, or the manager is closed (also while waiting).
    * @throws {unknown} With `wait: true`, the reason of `options.signal` when it aborts before the write started.
    *
    * @example Guard a write
@@ -520,6 +522,8 @@ export interface LeaseManager extends AsyncDisposable {
    * });
    * // Or wait (at most a minute) for the node that holds the key to let go:
    * await leases.guard("orders", write, { wait: true, signal: AbortSignal.timeout(60_000) });
+   * // Or, on a key this node holds, write on the last renewal's strength:
+   * await leases.guard("orders", write, { check: "lease" });
    * ```
    */
   guard<T>(

@@ -47,9 +47,31 @@ export interface Mutant {
    * unmutated baseline it is compared with runs without them.
    */
   readonly options?: SimOptions;
+  /**
+   * Settings for both the mutant and its baseline that narrow the hunt to
+   * the histories where the hole can matter (e.g. one TTL and marker life).
+   */
+  readonly focus?: SimOptions;
 }
 
 const NEVER = "false as boolean";
+
+/**
+ * Where the margin of a lease-checked guard decides: a holder whose
+ * renewals stop while it runs (a partition right after a reply), on a clock
+ * slower than the server's, writing in the last margins before its
+ * deadline. `sim/ci.sh` also runs the unmutated lease.ts on these.
+ */
+const LEASE_FOCUS: SimOptions = {
+  override: {
+    skew: true,
+    leaseShare: 1,
+    hugs: 0.5,
+    partitions: 0.02,
+    lateExpiry: false,
+    maxDelay: 1,
+  },
+};
 
 /** The mutants, one per hole. */
 export const MUTANTS: readonly Mutant[] = [
@@ -59,7 +81,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "an operator's plain DEL is taken for a clean release (no grace)",
     expect: "P1",
-    seed: 20,
+    seed: 1,
     edits: [[
       `} else if (e.operation === "DEL") kind = tag ? "released" : "removed";`,
       `} else if (e.operation === "DEL") kind = "released";`,
@@ -71,7 +93,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a release inside the releaser's own grace is written as a clean release",
     expect: "P1",
-    seed: 857,
+    seed: 333,
     edits: [[
       "now >= st.notBefore && t !== undefined && now < t.validUntil &&",
       "t !== undefined && now < t.validUntil &&",
@@ -83,7 +105,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a renewal's read-back goes to any replica, and not-found there counts as lost",
     expect: "P4",
-    seed: 10,
+    seed: 2,
     edits: [
       [
         "          at > 0 ? at : undefined,\n          true,\n",
@@ -98,7 +120,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "resuming our own acquire after a lost reply resets the grace to none",
     expect: "P1",
-    seed: 4089,
+    seed: 4052,
     edits: [[
       "this.#tookOver(st, seen.seq, p.grace, p.sent);",
       "this.#tookOver(st, seen.seq, 0, p.sent);",
@@ -110,7 +132,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "throwIfLost() trusts the signal only, which a paused process's timer aborts late",
     expect: "P3",
-    seed: 54,
+    seed: 48,
     edits: [[
       "    const now = this.#port.now();\n    if (now >= this.#tenure.validUntil) {",
       `    const now = this.#port.now();\n    if (${NEVER}) {`,
@@ -122,11 +144,11 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a confirmation that arrives after the deadline (a reply held by a pause) is not checked against it, in guard() and in the renewal",
     expect: "P3",
-    seed: 48,
+    seed: 130,
     edits: [
       [
-        "    const tenure = st.tenure!;\n    this.#vouch(st, now);\n",
-        "    const tenure = st.tenure!;\n",
+        "    this.#vouch(st, now);\n    if (st.tenure!.controller.signal.aborted) {",
+        "    if (st.tenure!.controller.signal.aborted) {",
       ],
       ["    this.#vouch(st, this.#port.now());\n  }", "  }"],
     ],
@@ -145,7 +167,7 @@ export const MUTANTS: readonly Mutant[] = [
     hole: "7",
     description: "close() stops renewing before the writes settle",
     expect: "P6",
-    seed: 152,
+    seed: 9,
     edits: [[
       "    const held = keys.map((st) => st.held || st.pending.length > 0);\n",
       "    const held = keys.map((st) => st.held || st.pending.length > 0);\n    this.#stopped = true;\n    this.#stopRenewals();\n",
@@ -172,7 +194,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a deleted or re-created bucket does not stop the manager (old epochs go on)",
     expect: "P2",
-    seed: 166,
+    seed: 328,
     edits: [
       [
         "    } catch (err) {\n      if (err instanceof BucketGone) this.#goDefunct(err.message);\n      throw new UnavailableError(st.key, errText(err), { cause: err });",
@@ -192,7 +214,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a renewal that gives up after revisions kept moving schedules no retry",
     expect: "P8",
-    seed: 11,
+    seed: 14,
     edits: [[
       "    // Revisions kept moving under us: keep trying, the deadline bounds it.\n    this.#retryRenewal(st);\n",
       "    // Revisions kept moving under us: keep trying, the deadline bounds it.\n",
@@ -214,7 +236,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a key with no entry is taken at once even where no marker is proven (the restart hole)",
     expect: "P1",
-    seed: 694,
+    seed: 54,
     edits: [[
       "grace = unknownPast ? this.ttl - this.#markerLife : 0;",
       "grace = 0;",
@@ -226,10 +248,13 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a marker is taken to live a whole TTL whatever its configured life (a marker TTL shorter than the TTL)",
     expect: "P1",
-    seed: 20067,
-    // Unsafe only for a holder paused at its commit point for about the
-    // marker's missing life, which few histories do.
-    budget: 30_000,
+    seed: 178,
+    // Unsafe only where the marker outlives less than the TTL, for a holder
+    // paused at its commit point for about the marker's missing life: the
+    // hunt runs histories with markers of 1 s under a 2.5 s TTL (it took
+    // 20,068 histories of the whole fault model to find, and none in
+    // 30,000 once the workload grew lease-checked guards).
+    focus: { ttls: [2500], override: { markers: true, markerTTL: 1000 } },
     edits: [[
       "this.#markerLife = Math.max(0, Math.min(o.markerLife, o.ttl));",
       "this.#markerLife = o.markerLife > 0 ? o.ttl : 0;",
@@ -241,7 +266,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a waiter counts a holder's entry as standing still from a TTL before its watch saw it (takes over a live holder)",
     expect: "P6",
-    seed: 5,
+    seed: 0,
     edits: [[
       "st.observed = { seq: seen.seq, at: kw.seenAt };",
       "st.observed = { seq: seen.seq, at: kw.seenAt - this.ttl };",
@@ -253,6 +278,8 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       'a check: "lease" guard writes with no round trip up to its deadline (margin 0)',
     expect: "P9",
+    focus: LEASE_FOCUS,
+    seed: 15,
     edits: [[
       "this.#margin = leaseCheckMargin(o.ttl);",
       "this.#margin = 0;",
@@ -264,6 +291,8 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "clocks run up to 5× further from real time than CLOCK_RATE_BOUND assumes (lease.ts unchanged)",
     expect: "P9",
+    focus: LEASE_FOCUS,
+    seed: 2,
     edits: [],
     options: { clockEpsilon: 5e-3 },
   },

@@ -51,7 +51,8 @@ export interface Args {
 const USAGE = `usage: sim/run.ts [--seeds N] [--from S] [--seconds T]
                   [--lease FILE | --mutant ID | --mutants [--expected-only]]
                   [--trace SEED] [--reduce SEED] [--stop] [--blind-kind blind|escape]
-                  [--exact-timers P] [--length TTLS] [--clock-epsilon E]`;
+                  [--exact-timers P] [--length TTLS] [--clock-epsilon E]
+                  [--focus MUTANT]`;
 
 /**
  * Parses the command line.
@@ -133,6 +134,12 @@ export function parseArgs(argv: readonly string[]): Args {
       case "--length":
         a.options.length = num(flag, value());
         break;
+      case "--focus": {
+        // The histories a mutant's hunt narrows to, on the module under test.
+        const id = value() ?? "";
+        a.options = { ...a.options, ...findMutant(id).focus };
+        break;
+      }
       case "--clock-epsilon":
         a.options.clockEpsilon = num(flag, value());
         break;
@@ -393,13 +400,14 @@ export async function hunt(
   const lib = await loadLease(writeMutant(m));
   const base = real ?? await loadLease();
   const t0 = performance.now();
-  const settings = { ...options, ...m.options };
+  const baseSettings = { ...options, ...m.focus };
+  const settings = { ...baseSettings, ...m.options };
   for (let s = from; s < from + budget; s++) {
     const r = await runHistory(s, lib, settings);
     if (r.violations.length === 0) continue;
     // A failure counts only if the unmutated module does not fail the same
     // property on the same seed.
-    const b = await runHistory(s, base, options);
+    const b = await runHistory(s, base, baseSettings);
     const known = new Set(b.violations.map((v) => v.property));
     const own = r.violations.find((v) => !known.has(v.property));
     if (own) {
@@ -452,7 +460,7 @@ async function main(argv: readonly string[]): Promise<number> {
   ) {
     const m = findMutant(a.mutant);
     a.lease = writeMutant(m);
-    a.options = { ...a.options, ...m.options };
+    a.options = { ...a.options, ...m.focus, ...m.options };
     a.mutant = undefined;
   }
   if (a.mutants || a.mutant !== undefined) {
