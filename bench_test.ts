@@ -52,6 +52,12 @@ const NUMBERS = [
   "latency.ratioP50",
   "latency.guardCpuUs",
   "latency.casCpuUs",
+  "latency.lease.guard.p50",
+  "latency.lease.guard.p99",
+  "latency.lease.cpuUs",
+  "latency.lease.fastShare",
+  "latency.lease.speedupP50",
+  "latency.lease.target",
   "throughput.guard.opsPerSec",
   "throughput.guard.p99",
   "throughput.cas.opsPerSec",
@@ -62,6 +68,21 @@ const NUMBERS = [
   "sameKey.concurrent.serverMsgsPerOp",
   "sameKey.sequential.opsPerSec",
   "sameKey.speedup",
+  "sameKey.leaseOverCasConcurrent",
+  "sameKey.leaseOverCasSequential",
+  ...["noop", "cpu", "hop"].flatMap((write) =>
+    [
+      "lease.concurrent.opsPerSec",
+      "lease.concurrent.p99",
+      "lease.concurrent.serverMsgsPerOp",
+      "lease.sequential.opsPerSec",
+      "lease.sequential.p99",
+      "direct.concurrent.opsPerSec",
+      "direct.sequential.opsPerSec",
+      "ratioConcurrent",
+      "ratioSequential",
+    ].map((field) => `sameKey.lease.${write}.${field}`)
+  ),
   "scale.target.n",
   "scale.target.lost",
   "scale.target.serverInMsgsPerSec",
@@ -118,6 +139,9 @@ test(
       for (const n of [1, 2, 3, 4, 5, 6]) {
         assert.match(run.stdout, new RegExp(`^\\| ${n} \\| `, "m"));
       }
+      // Rows 1 and 3 show the lease-checked guard beside the CAS guard.
+      assert.match(run.stdout, /^\| 1 \| guard latency, check: "lease"/m);
+      assert.match(run.stdout, /^\| 3 \| check: "lease" guards on one key/m);
 
       const report = JSON.parse(fs.readFileSync(out, "utf8")) as BenchReport;
       assert.equal(report.schema, 1);

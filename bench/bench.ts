@@ -4,16 +4,17 @@
  * same run, on the same connection and server, so the ratios hold on a noisy
  * machine. Runs unchanged on Deno, Bun and Node 24.
  *
- * Rows: (1) guard latency beside a bare CAS and a bare get; (2) throughput
- * of 64 concurrent guards over 256 keys beside 64 concurrent bare CASes;
- * (3) 64 concurrent guards on one key beside one at a time; (4) one manager
- * renewing N leases, and where that breaks; (5) failover after a SIGKILL and
- * after close(); (6) memory per held lease.
+ * Rows: (1) guard latency, `check: "cas"` and `check: "lease"`, beside a
+ * bare CAS and a bare get; (2) throughput of 64 concurrent guards over 256
+ * keys beside 64 concurrent bare CASes; (3) one-key throughput with 64
+ * writers and with one, for both checks, beside the same loop calling the
+ * write itself; (4) one manager renewing N leases, and where that breaks;
+ * (5) failover after a SIGKILL and after close(); (6) memory per held lease.
  *
  * ```sh
  * deno task bench [--smoke]          # every row under Deno
- * bash bench/run.sh [--smoke] [--all] # and rows 1-2 under Bun and Node too
- * node bench/bench.ts --smoke --rows 1,2
+ * bash bench/run.sh [--smoke] [--all] # and rows 1-3 under Bun and Node too
+ * node bench/bench.ts --smoke --rows 1,3
  * bun bench/bench.ts --rows 4 --leases 50000 --hold 30000 --steps ""
  * deno run -A bench/bench.ts --combine bench-results/*.json
  * ```
@@ -32,6 +33,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import process from "node:process";
 import { createInterface } from "node:readline";
+import { setImmediate } from "node:timers";
 import { fileURLToPath } from "node:url";
 import * as v8 from "node:v8";
 import * as vm from "node:vm";
@@ -45,6 +47,7 @@ import {
 import { type KV, Kvm } from "@nats-io/kv";
 import {
   createLeaseManager,
+  type GuardOptions,
   type LeaseManager,
   NotHolderError,
   UnavailableError,
@@ -150,6 +153,28 @@ export interface Rate {
   serverMsgsPerOp: number;
 }
 
+/** One write's one-key rates with 64 writers and with one. */
+export interface OneKey {
+  /** `concurrency` writers on one key. */
+  concurrent: Rate;
+  /** One writer. */
+  sequential: Rate;
+}
+
+/**
+ * Row 3 for one write: `guard(key, write, { check: "lease" })` on a held
+ * key beside the same loop calling `write` itself, no guard.
+ */
+export interface LeaseWrite {
+  /** What the write does. */
+  write: string;
+  lease: OneKey;
+  direct: OneKey;
+  /** Medians over repeats of lease rate / direct rate. */
+  ratioConcurrent: number;
+  ratioSequential: number;
+}
+
 /** One run of row 4. */
 export interface ScaleRun {
   n: number;
@@ -249,6 +274,18 @@ export interface BenchReport {
     guardCpuUs: number;
     casCpuUs: number;
     casMsgIdCpuUs: number;
+    /** `guard(key, write, { check: "lease" })` on a held key, its write a counter bump, interleaved with the rest. */
+    lease: {
+      guard: Latency;
+      /** Client CPU per op, µs. */
+      cpuUs: number;
+      /** Share of those guards whose write ran within the call (no round trip). */
+      fastShare: number;
+      /** Median over repeats of CAS guard p50 / lease guard p50. */
+      speedupP50: number;
+      target: number;
+      met: boolean;
+    };
   };
   throughput: null | {
     concurrency: number;
@@ -264,10 +301,16 @@ export interface BenchReport {
   };
   sameKey: null | {
     concurrency: number;
+    /** `check: "cas"` guards of `noop`. */
     concurrent: Rate;
     sequential: Rate;
     /** Median over repeats of concurrent rate / sequential rate. */
     speedup: number;
+    /** `check: "lease"` guards beside direct calls, per write; `noop` first. */
+    lease: { noop: LeaseWrite; cpu: LeaseWrite; hop: LeaseWrite };
+    /** Medians over repeats of lease(noop) rate / CAS(noop) rate. */
+    leaseOverCasConcurrent: number;
+    leaseOverCasSequential: number;
   };
   scale: null | {
     target: ScaleRun;
@@ -440,7 +483,7 @@ async function phase(
   ns: NatsServer,
   ms: number,
   workers: number,
-  op: (worker: number, i: number) => Promise<unknown>,
+  op: (worker: number, i: number) => unknown,
 ): Promise<Rate> {
   const latencies: number[] = [];
   const v0 = await varz(ns);
@@ -497,6 +540,39 @@ async function interleaved<T>(
 
 const noop = (): void => {};
 
+/** A guard that proves a held lease by its last renewal, not by a CAS. */
+const LEASE: GuardOptions = { check: "lease" };
+
+const scratch = Uint8Array.from({ length: 1024 }, (_, i) => (i * 31) & 255);
+let sink = 0;
+
+/**
+ * Row 3's writes: nothing at all, a small fixed amount of CPU work, and one
+ * async step that is not a server round trip. The last two show whether a
+ * lease-checked guard's rate is set by the write or by the library.
+ */
+const WRITES: Record<
+  "noop" | "cpu" | "hop",
+  { what: string; fn: () => unknown }
+> = {
+  noop: { what: "noop", fn: noop },
+  cpu: {
+    what: "FNV-1a over 1 KiB",
+    fn: () => {
+      let h = 0x811c9dc5;
+      for (let i = 0; i < scratch.length; i++) {
+        h = Math.imul(h ^ scratch[i]!, 0x01000193);
+      }
+      // Kept where the optimiser cannot drop the loop.
+      sink ^= h;
+    },
+  },
+  hop: {
+    what: "await one setImmediate",
+    fn: () => new Promise<void>((resolve) => setImmediate(resolve)),
+  },
+};
+
 // ---------------------------------------------------------------------------
 // Rows 1 to 3: one manager and one bare KV handle on one connection.
 
@@ -525,6 +601,14 @@ async function rowLatency(
   js: JetStreamClient,
 ): Promise<NonNullable<BenchReport["latency"]>> {
   await leases.guard("lat.lease", noop);
+  await leases.guard("lat.check", noop);
+  // A write that runs within guard() leaves its mark before guard() returns:
+  // that tells a lease-checked guard from one that fell back to a CAS.
+  let ran = 0;
+  const mark = (): void => {
+    ran++;
+  };
+  let slow = 0;
   let rev = await kv.put("lat.bare", "bench");
   let revId = await kv.put("lat.msgid", "bench");
   const withId = casWithMsgId(js);
@@ -542,14 +626,22 @@ async function rowLatency(
       cpu: (cpuUs() - c0) / cfg.latencyOps,
     };
   };
-  const [guard, cas, get, casMsgId] = await interleaved(cfg.runs, [
+  const [guard, cas, get, casMsgId, lease] = await interleaved(cfg.runs, [
     () => sequential(() => leases.guard("lat.lease", noop)),
     () =>
       sequential(async () => rev = await kv.update("lat.bare", "bench", rev)),
     () => sequential(() => kv.get("lat.bare")),
     () => sequential(async () => revId = await withId("lat.msgid", revId)),
+    () =>
+      sequential(() => {
+        const before = ran;
+        const done = leases.guard("lat.check", mark, LEASE);
+        if (ran === before) slow++;
+        return done;
+      }),
   ]);
   const ratios = guard!.map((g, i) => g.p50 / cas![i]!.p50);
+  const speedupP50 = median(guard!.map((g, i) => g.p50 / lease![i]!.p50));
   const ratioP50 = median(ratios);
   const pick = (xs: { p50: number; p99: number }[]): Latency => ({
     p50: median(xs.map((x) => x.p50)),
@@ -567,6 +659,14 @@ async function rowLatency(
     guardCpuUs: median(guard!.map((g) => g.cpu)),
     casCpuUs: median(cas!.map((c) => c.cpu)),
     casMsgIdCpuUs: median(casMsgId!.map((c) => c.cpu)),
+    lease: {
+      guard: pick(lease!),
+      cpuUs: median(lease!.map((l) => l.cpu)),
+      fastShare: 1 - slow / (cfg.runs * cfg.latencyOps),
+      speedupP50,
+      target: 50,
+      met: speedupP50 >= 50,
+    },
   };
 }
 
@@ -629,17 +729,64 @@ async function rowSameKey(
   leases: LeaseManager,
 ): Promise<NonNullable<BenchReport["sameKey"]>> {
   await leases.guard("hot", noop);
-  const [concurrent, sequential] = await interleaved(cfg.runs, [
+  await leases.guard("hot.check", noop);
+  const names = ["noop", "cpu", "hop"] as const;
+  // Per write: lease-checked guards (64 writers, one), then the same loop
+  // calling the write itself (64, one); all interleaved with the CAS guards.
+  const phases = [
     () => phase(ns, cfg.phaseMs, CONCURRENCY, () => leases.guard("hot", noop)),
     () => phase(ns, cfg.phaseMs, 1, () => leases.guard("hot", noop)),
-  ]);
+    ...names.flatMap((name) => {
+      const write = WRITES[name].fn;
+      return [
+        () =>
+          phase(
+            ns,
+            cfg.phaseMs,
+            CONCURRENCY,
+            () => leases.guard("hot.check", write, LEASE),
+          ),
+        () =>
+          phase(
+            ns,
+            cfg.phaseMs,
+            1,
+            () => leases.guard("hot.check", write, LEASE),
+          ),
+        () => phase(ns, cfg.phaseMs, CONCURRENCY, write),
+        () => phase(ns, cfg.phaseMs, 1, write),
+      ];
+    }),
+  ];
+  const [concurrent, sequential, ...rest] = await interleaved(
+    cfg.runs,
+    phases,
+  );
+  const perRun = (a: Rate[], b: Rate[]) =>
+    median(a.map((x, i) => x.opsPerSec / b[i]!.opsPerSec));
+  const lease = (k: number): LeaseWrite => {
+    const [l64, l1, d64, d1] = rest.slice(4 * k, 4 * k + 4) as [
+      Rate[],
+      Rate[],
+      Rate[],
+      Rate[],
+    ];
+    return {
+      write: WRITES[names[k]!].what,
+      lease: { concurrent: medianRate(l64), sequential: medianRate(l1) },
+      direct: { concurrent: medianRate(d64), sequential: medianRate(d1) },
+      ratioConcurrent: perRun(l64, d64),
+      ratioSequential: perRun(l1, d1),
+    };
+  };
   return {
     concurrency: CONCURRENCY,
     concurrent: medianRate(concurrent!),
     sequential: medianRate(sequential!),
-    speedup: median(
-      concurrent!.map((c, i) => c.opsPerSec / sequential![i]!.opsPerSec),
-    ),
+    speedup: perRun(concurrent!, sequential!),
+    lease: { noop: lease(0), cpu: lease(1), hop: lease(2) },
+    leaseOverCasConcurrent: perRun(rest[0]!, concurrent!),
+    leaseOverCasSequential: perRun(rest[1]!, sequential!),
   };
 }
 
@@ -1221,6 +1368,7 @@ export async function runBench(
 
 function ms(x: number): string {
   if (!Number.isFinite(x)) return "–";
+  if (x < 0.01) return `${(x * 1000).toFixed(1)} µs`;
   if (x < 1) return `${Math.round(x * 1000)} µs`;
   if (x < 10) return `${x.toFixed(2)} ms`;
   return `${Math.round(x).toLocaleString("en-US")} ms`;
@@ -1310,6 +1458,19 @@ export function table(r: BenchReport): string {
       `${num(l.casMsgId.p50 / l.cas.p50, 2)}× CAS`,
       "",
     );
+    const q = l.lease;
+    row(
+      "1",
+      `guard latency, check: "lease", held key, sequential (p50 / p99); ${
+        pct(q.fastShare)
+      } with no round trip, ${num(q.cpuUs, 1)} µs CPU/op`,
+      `${ms(q.guard.p50)} / ${ms(q.guard.p99)}`,
+      `CAS guard ${ms(l.guard.p50)} / ${ms(l.guard.p99)}; kv.update ${
+        ms(l.cas.p50)
+      } / ${ms(l.cas.p99)}`,
+      `CAS guard ${num(q.speedupP50, 0)}× slower`,
+      `≥ ${q.target}× ${check(q.met)}`,
+    );
   }
   const t = r.throughput;
   if (t) {
@@ -1350,6 +1511,33 @@ export function table(r: BenchReport): string {
       `${num(s.speedup, 1)}×`,
       "",
     );
+    for (const w of [s.lease.noop, s.lease.cpu, s.lease.hop]) {
+      const noop = w === s.lease.noop;
+      row(
+        "3",
+        `check: "lease" guards on one key, write = ${w.write}: ${s.concurrency} writers / one`,
+        `${num(w.lease.concurrent.opsPerSec)}/s / ${
+          num(w.lease.sequential.opsPerSec)
+        }/s, p99 ${ms(w.lease.concurrent.p99)} / ${
+          ms(w.lease.sequential.p99)
+        }, ${num(w.lease.concurrent.serverMsgsPerOp, 4)} server msgs/guard`,
+        `write called directly ${num(w.direct.concurrent.opsPerSec)}/s / ${
+          num(w.direct.sequential.opsPerSec)
+        }/s` +
+          (noop
+            ? `; CAS guard ${num(s.concurrent.opsPerSec)}/s / ${
+              num(s.sequential.opsPerSec)
+            }/s`
+            : ""),
+        `${num(w.ratioConcurrent, 2)}× / ${num(w.ratioSequential, 2)}× direct` +
+          (noop
+            ? `; ${num(s.leaseOverCasConcurrent, 0)}× / ${
+              num(s.leaseOverCasSequential, 0)
+            }× CAS guard`
+            : ""),
+        "",
+      );
+    }
   }
   const sc = r.scale;
   if (sc) {
@@ -1458,7 +1646,8 @@ export function table(r: BenchReport): string {
 }
 
 /**
- * Renders rows 1 and 2 of several reports (one per runtime) side by side.
+ * Renders rows 1 and 2 of several reports (one per runtime) side by side,
+ * then both checks of rows 1 and 3, then row 4 where it ran.
  *
  * @param reports The reports.
  * @returns A Markdown table.
@@ -1466,7 +1655,7 @@ export function table(r: BenchReport): string {
 export function combinedTable(reports: BenchReport[]): string {
   const first = reports[0];
   const out: string[] = [
-    `nats-lease bench, rows 1-2 per runtime: nats-server ${
+    `nats-lease bench, per runtime: nats-server ${
       [...new Set(reports.map((r) => r.server.version))].join(", ")
     } (R1, file storage), ${first?.machine.cores ?? "?"} cores (${
       first?.machine.cpuModel ?? "?"
@@ -1489,6 +1678,56 @@ export function combinedTable(reports: BenchReport[]): string {
         t ? `${num(t.ratio, 2)}× (${check(t.met)})` : "–"
       } |`,
     );
+  }
+  const leased = reports.filter((r) => r.latency !== null || r.sameKey);
+  if (leased.length > 0) {
+    out.push(
+      "",
+      `| runtime | check: "lease" guard p50 / p99 | CAS guard p50 / p99 | kv.update p50 / p99 | CAS/lease guard p50 | one key, ${CONCURRENCY} writers / one, per second: lease guard | CAS guard | write called directly | lease/direct |`,
+      "| - | - | - | - | - | - | - | - | - |",
+    );
+    for (const r of leased) {
+      const l = r.latency;
+      const s = r.sameKey;
+      const w = s?.lease.noop;
+      out.push(
+        `| ${r.runtime.name} ${r.runtime.version} | ${
+          l ? `${ms(l.lease.guard.p50)} / ${ms(l.lease.guard.p99)}` : "–"
+        } | ${l ? `${ms(l.guard.p50)} / ${ms(l.guard.p99)}` : "–"} | ${
+          l ? `${ms(l.cas.p50)} / ${ms(l.cas.p99)}` : "–"
+        } | ${
+          l
+            ? `${num(l.lease.speedupP50, 0)}× (≥ ${l.lease.target}× ${
+              check(l.lease.met)
+            })`
+            : "–"
+        } | ${
+          w
+            ? `${num(w.lease.concurrent.opsPerSec)} / ${
+              num(w.lease.sequential.opsPerSec)
+            }`
+            : "–"
+        } | ${
+          s
+            ? `${num(s.concurrent.opsPerSec)} / ${num(s.sequential.opsPerSec)}`
+            : "–"
+        } | ${
+          w
+            ? `${num(w.direct.concurrent.opsPerSec)} / ${
+              num(w.direct.sequential.opsPerSec)
+            }`
+            : "–"
+        } | ${
+          s
+            ? [s.lease.noop, s.lease.cpu, s.lease.hop].map((x) =>
+              `${x.write}: ${num(x.ratioConcurrent, 2)}× / ${
+                num(x.ratioSequential, 2)
+              }×`
+            ).join("; ")
+            : "–"
+        } |`,
+      );
+    }
   }
   const scaled = reports.filter((r) => r.scale !== null);
   if (scaled.length > 0) {

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs the lease benchmark under Deno, Bun and Node 24, one runtime at a
-# time (each on a nats-server of its own), then prints rows 1 and 2 of all
-# three side by side.
+# time (each on a nats-server of its own), then prints rows 1 to 3 of all
+# three side by side (both guard checks for rows 1 and 3).
 #
 # Usage: bash bench/run.sh [--smoke] [--all]
 #
 #   --smoke  a few seconds per runtime: checks that the benchmark runs
 #   --all    every row under every runtime (default: every row under Deno,
-#            rows 1 and 2 under Bun and Node)
+#            rows 1 to 3 under Bun and Node)
 #
 # Reports go to bench-results/<runtime>.json; NATS_SERVER_BIN picks the
 # server (default: .tools/bin/nats-server, see test_util/nats_server.ts).
@@ -37,8 +37,8 @@ done
 
 out=bench-results
 mkdir -p "$out"
-rows12=(--rows 1,2)
-((all)) && rows12=()
+rows123=(--rows 1,2,3)
+((all)) && rows123=()
 
 echo "machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)"
 echo "runtimes: deno $("$bin/deno" --version | head -n 1 | cut -d' ' -f2), bun $("$bin/bun" --version), node $("$bin/node" --version)"
@@ -46,8 +46,8 @@ echo
 
 "$bin/deno" run -A bench/bench.ts "${mode[@]}" --out "$out/deno.json"
 echo
-"$bin/bun" bench/bench.ts "${mode[@]}" "${rows12[@]}" --out "$out/bun.json"
+"$bin/bun" bench/bench.ts "${mode[@]}" "${rows123[@]}" --out "$out/bun.json"
 echo
-"$bin/node" bench/bench.ts "${mode[@]}" "${rows12[@]}" --out "$out/node.json"
+"$bin/node" bench/bench.ts "${mode[@]}" "${rows123[@]}" --out "$out/node.json"
 echo
 "$bin/deno" run -A bench/bench.ts --combine "$out/deno.json" "$out/bun.json" "$out/node.json"
