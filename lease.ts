@@ -1328,7 +1328,9 @@ class Manager implements LeaseManager {
     options?: GuardOptions,
   ): Promise<T> {
     try {
-      checkKey("guard a write", key);
+      // A key with state here passed the check before: no regex per write.
+      const known = typeof key === "string" ? this.#keys.get(key) : undefined;
+      if (!known) checkKey("guard a write", key);
       if (typeof write !== "function") {
         throw new TypeError(
           `Cannot guard a write on '${key}' as 'write' must be a function: received ${
@@ -1353,9 +1355,11 @@ class Manager implements LeaseManager {
         );
       }
       const signal = options?.signal;
-      if ((check ?? this.#check) === "lease") {
-        const st = this.#fresh(key, signal);
-        if (st) return this.#run(st, write, signal, true);
+      if (
+        known && (check ?? this.#check) === "lease" &&
+        this.#fresh(known, signal)
+      ) {
+        return this.#run(known, write, signal, true);
       }
       return wait
         ? this.#guardWait(key, write, signal, true)
@@ -1414,36 +1418,40 @@ class Manager implements LeaseManager {
   }
 
   /**
-   * The key's state if a `check: "lease"` guard may write on it now with
-   * no round trip (safety argument, point 9): held, past its grace, not
-   * being given up, and its deadline at least the margin away. Reads the
-   * clock once; the write then starts in this same synchronous step.
+   * Whether a `check: "lease"` guard may write on `st` now with no round
+   * trip (safety argument, point 9): held, past its grace, not being given
+   * up, and its deadline at least the margin away. Reads the clock once;
+   * the write then starts in this same synchronous step. Anything else
+   * (including an aborted caller's signal) takes the CAS path, which says
+   * why not.
    */
-  #fresh(key: string, signal: AbortSignal | undefined): KeyState | undefined {
-    if (signal?.aborted || this.#closing || this.#defunct) return undefined;
-    const st = this.#keys.get(key);
-    const t = st?.tenure;
-    if (!st || !t || !st.held || st.releasing || st.gone) return undefined;
-    if (t.controller.signal.aborted || this.#port.isClosed()) return undefined;
+  #fresh(st: KeyState, signal?: AbortSignal): boolean {
+    const t = st.tenure;
+    if (
+      !t || !st.held || st.releasing || st.gone || this.#closing ||
+      this.#defunct || t.controller.signal.aborted || signal?.aborted ||
+      this.#port.isClosed()
+    ) return false;
     const now = this.#port.now();
-    if (now < st.notBefore || t.validUntil - now < this.#margin) {
-      return undefined;
-    }
+    if (now < st.notBefore || t.validUntil - now < this.#margin) return false;
     st.lastUse = now;
-    return st;
+    return true;
   }
 
-  /** Runs `write` under `st`'s current tenure, which vouches for it now. */
-  async #run<T>(
+  /**
+   * Runs `write` under `st`'s current tenure, which vouches for it now. Not
+   * an async function: a write that returns a plain value settles the guard
+   * without an extra turn (it is most of what a lease-checked guard costs).
+   */
+  #run<T>(
     st: KeyState,
     write: (lease: Lease) => T | Promise<T>,
     signal: AbortSignal | undefined,
     follow: boolean,
   ): Promise<T> {
-    const key = st.key;
     const tenure = st.tenure!;
     // With a caller's signal, one controller follows both for the length of
-    // the write; its listeners go in `finally`, so a long-lived caller
+    // the write; its listeners go when it settles, so a long-lived caller
     // signal does not collect one dependent per guard.
     const tenureSignal = tenure.controller.signal;
     let leaseSignal = tenureSignal;
@@ -1460,17 +1468,32 @@ class Manager implements LeaseManager {
         signal.removeEventListener("abort", onCaller);
       };
     }
-    st.writes++;
-    try {
-      return await write(
-        new HeldLease(key, this.node, tenure, leaseSignal, this.#port),
-      );
-    } finally {
+    const settled = () => {
       unfollow?.();
       if (--st.writes === 0) {
         for (const r of st.drained.splice(0)) r();
       }
+    };
+    st.writes++;
+    let out: T | Promise<T>;
+    try {
+      out = write(
+        new HeldLease(st.key, this.node, tenure, leaseSignal, this.#port),
+      );
+    } catch (err) {
+      settled();
+      return Promise.reject(err);
     }
+    if (
+      out !== null && (typeof out === "object" || typeof out === "function") &&
+      typeof (out as { then?: unknown }).then === "function"
+    ) {
+      const p = Promise.resolve(out);
+      p.then(settled, settled);
+      return p;
+    }
+    settled();
+    return Promise.resolve(out);
   }
 
   async held(key: string): Promise<boolean> {
