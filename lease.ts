@@ -173,6 +173,7 @@ export const MIN_TTL = 500;
  *
  * @example The margin of a 15 s lease
  * ```ts
+ * import { CLOCK_RATE_BOUND } from "@nats-lease/lease";
  * console.log(2 * CLOCK_RATE_BOUND * 15_000); // 30 ms
  * ```
  */
@@ -188,8 +189,9 @@ export const CLOCK_RATE_BOUND = 0.001;
  * @param ttl The lease TTL in milliseconds.
  * @returns The margin in milliseconds.
  *
- * @example
+ * @example How far a 15 s lease's deadline must be
  * ```ts
+ * import { leaseCheckMargin } from "@nats-lease/lease";
  * console.log(leaseCheckMargin(15_000)); // 30
  * ```
  */
