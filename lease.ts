@@ -139,13 +139,18 @@
  */
 
 import {
+  ClosedConnectionError,
   createInbox,
   headers,
   type Msg,
   type MsgHdrs,
   type NatsConnection,
+  NoRespondersError,
+  type Subscription,
+  TimeoutError,
 } from "@nats-io/nats-core";
 import {
+  type ApiError,
   type Consumer,
   type ConsumerMessages,
   DeliverPolicy,
@@ -2578,6 +2583,188 @@ function isStreamNotFound(err: unknown): boolean {
   return err instanceof JetStreamApiError && err.code === 10059;
 }
 
+/** A write waiting for its reply in a {@linkcode ReplyInbox}. */
+interface PendingWrite {
+  readonly subject: string;
+  readonly deadline: number;
+  readonly resolve: (res: WriteResult) => void;
+  readonly reject: (err: unknown) => void;
+}
+
+/**
+ * Request-reply for the compare-and-set publishes, which a process holding
+ * many leases sends thousands of a second. `js.publish` costs about what the
+ * server's work on the message does: per request nats.js builds two `Error`
+ * objects for their stack traces (most of its cost), arms a timer, and
+ * parses the whole JSON ack. Here one wildcard subscription per connection
+ * takes every reply (a counter is the request's token), one timer, armed
+ * only while replies are due, sweeps out the ones past their timeout, and
+ * the ack is read for its `seq` alone; anything else in it (an API error, an
+ * odd ack) is parsed in full. What a write promises is unchanged: no answer
+ * (timeout, a 503 "no responders" status, a closed connection) rejects, an
+ * API error rejects as nats.js's `JetStreamApiError`, except a wrong last
+ * sequence, which resolves as a conflict.
+ */
+class ReplyInbox {
+  readonly #nc: NatsConnection;
+  #prefix = "";
+  #sub: Subscription | undefined;
+  readonly #pending = new Map<string, PendingWrite>();
+  #token = 0;
+  #timer: ReturnType<typeof setTimeout> | undefined;
+
+  constructor(nc: NatsConnection) {
+    this.#nc = nc;
+    void nc.closed().then(() => this.#failAll(new ClosedConnectionError()));
+  }
+
+  request(
+    subject: string,
+    data: Uint8Array,
+    h: MsgHdrs,
+    timeout: number,
+  ): Promise<WriteResult> {
+    return new Promise((resolve, reject) => {
+      const token = (++this.#token).toString(36);
+      const deadline = performance.now() + timeout;
+      try {
+        const prefix = this.#subscribe();
+        this.#pending.set(token, { subject, deadline, resolve, reject });
+        this.#nc.publish(subject, data, { reply: prefix + token, headers: h });
+      } catch (err) {
+        this.#pending.delete(token);
+        reject(err);
+        return;
+      }
+      // A timer armed earlier re-arms itself for what is left when it fires.
+      if (this.#timer === undefined) this.#arm(deadline);
+    });
+  }
+
+  /** The reply subjects' prefix; (re)subscribes if needed. */
+  #subscribe(): string {
+    if (this.#sub !== undefined && !this.#sub.isClosed()) return this.#prefix;
+    // The connection's inbox prefix, as nats.js's own requests use it (a
+    // user's permissions may allow replies only there).
+    const o = (this.#nc as { options?: { inboxPrefix?: string } }).options;
+    this.#prefix = `${createInbox(o?.inboxPrefix)}.`;
+    this.#sub = this.#nc.subscribe(`${this.#prefix}*`, {
+      callback: (err, msg) => {
+        if (err) this.#failAll(err);
+        else this.#reply(msg);
+      },
+    });
+    return this.#prefix;
+  }
+
+  #reply(msg: Msg): void {
+    const subject = msg.subject;
+    if (!subject.startsWith(this.#prefix)) return;
+    const token = subject.slice(this.#prefix.length);
+    const p = this.#pending.get(token);
+    if (p === undefined) return; // timed out already
+    this.#pending.delete(token);
+    if (this.#pending.size === 0) this.#disarm();
+    const data = msg.data;
+    if (data.length === 0) {
+      // A status, not an ack: 503 when no stream listens on the subject.
+      const code = msg.headers?.code;
+      p.reject(
+        code === 503 ? new NoRespondersError(p.subject) : new Error(
+          `unexpected status ${code} ${msg.headers?.description ?? ""}`,
+        ),
+      );
+      return;
+    }
+    const seq = ackSeq(data);
+    if (seq > 0) p.resolve({ seq });
+    else settleAck(data, p);
+  }
+
+  #arm(at: number): void {
+    this.#timer = setTimeout(
+      () => this.#sweep(),
+      Math.max(0, at - performance.now()),
+    );
+  }
+
+  #disarm(): void {
+    if (this.#timer === undefined) return;
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+  }
+
+  #sweep(): void {
+    this.#timer = undefined;
+    const now = performance.now();
+    let next = Infinity;
+    for (const [token, p] of this.#pending) {
+      if (p.deadline <= now) {
+        this.#pending.delete(token);
+        p.reject(new TimeoutError());
+      } else if (p.deadline < next) next = p.deadline;
+    }
+    // A few ms late, so that one sweep serves a batch sent together.
+    if (next < Infinity) this.#arm(next + 5);
+  }
+
+  #failAll(err: unknown): void {
+    this.#disarm();
+    this.#sub = undefined;
+    const all = [...this.#pending.values()];
+    this.#pending.clear();
+    for (const p of all) p.reject(err);
+  }
+}
+
+/** One {@linkcode ReplyInbox} per connection, shared by its managers. */
+const inboxes = new WeakMap<NatsConnection, ReplyInbox>();
+
+function replyInbox(nc: NatsConnection): ReplyInbox {
+  let inbox = inboxes.get(nc);
+  if (inbox === undefined) inboxes.set(nc, inbox = new ReplyInbox(nc));
+  return inbox;
+}
+
+/**
+ * The `seq` of a plain publish ack (`{"stream":"KV_b","seq":7}`, maybe with
+ * `"duplicate":true`, which names the first write's `seq`), or -1 for
+ * anything else.
+ */
+function ackSeq(data: Uint8Array): number {
+  const s = decoder.decode(data);
+  if (s.includes('"error"')) return -1;
+  const at = s.indexOf('"seq":');
+  if (at < 0) return -1;
+  let seq = 0;
+  let i = at + 6;
+  for (let c = s.charCodeAt(i); c >= 48 && c <= 57; c = s.charCodeAt(++i)) {
+    seq = seq * 10 + c - 48;
+  }
+  return i > at + 6 ? seq : -1;
+}
+
+/** Settles `p` by an ack that {@linkcode ackSeq} did not read. */
+function settleAck(data: Uint8Array, p: PendingWrite): void {
+  let v: { seq?: unknown; stream?: unknown; error?: ApiError };
+  try {
+    v = JSON.parse(decoder.decode(data));
+  } catch (err) {
+    p.reject(new Error("invalid JetStream publish ack", { cause: err }));
+    return;
+  }
+  if (v.error) {
+    const err = new JetStreamApiError(v.error);
+    const at = conflictRevision(err);
+    if (at !== undefined) p.resolve({ conflict: at });
+    else p.reject(err);
+  } else if (typeof v.seq === "number" && v.seq > 0 && v.stream) {
+    p.resolve({ seq: v.seq });
+  } else {
+    p.reject(new Error("invalid JetStream publish ack"));
+  }
+}
+
 function natsPort(
   nc: NatsConnection,
   js: JetStreamClient,
@@ -2628,33 +2815,38 @@ function natsPort(
     }
     throw err;
   };
+  const inbox = replyInbox(nc);
+  // A success after an unanswered request counts once the stream is
+  // proven the same; an error of that check fails the write as below.
+  const verified = async (res: WriteResult): Promise<WriteResult> => {
+    try {
+      await checkIdentity();
+    } catch (err) {
+      return failed(err);
+    }
+    return res;
+  };
+  const failed = async (err: unknown): Promise<WriteResult> => {
+    if (err instanceof BucketGone) throw err;
+    suspect = true;
+    return await gone(err);
+  };
   return {
     now: () => performance.now(),
     setTimer: (fn, ms) => setTimeout(fn, ms),
     clearTimer: (h) => clearTimeout(h as ReturnType<typeof setTimeout>),
     newInstanceId: () => crypto.randomUUID().replaceAll("-", ""),
-    async write(req) {
-      let h: MsgHdrs | undefined;
-      if (req.op === "DEL") {
-        h = headers();
-        h.set("KV-Operation", "DEL");
-      }
-      try {
-        const ack = await js.publish(req.subject, req.value, {
-          expect: { lastSubjectSequence: req.expect },
-          msgID: req.msgId,
-          timeout: req.timeout,
-          ...(h ? { headers: h } : {}),
-        });
-        if (suspect) await checkIdentity();
-        return { seq: ack.seq };
-      } catch (err) {
-        if (err instanceof BucketGone) throw err;
-        const at = conflictRevision(err);
-        if (at !== undefined) return { conflict: at };
-        suspect = true;
-        return await gone(err);
-      }
+    write(req) {
+      // What `js.publish` sends, without its per-request cost (see
+      // `ReplyInbox`): the same headers, one shared reply subscription.
+      const h = headers();
+      h.set("Nats-Msg-Id", req.msgId);
+      h.set("Nats-Expected-Last-Subject-Sequence", String(req.expect));
+      if (req.op === "DEL") h.set("KV-Operation", "DEL");
+      return inbox.request(req.subject, req.value, h, req.timeout).then(
+        (res) => suspect && "seq" in res ? verified(res) : res,
+        failed,
+      );
     },
     read,
     watch(subject, onEntry) {

@@ -1405,11 +1405,11 @@ function scaleCells(s: ScaleRun): string {
 }
 
 function bareCells(b: BareScaleRun): string {
-  return `bare CAS, one timer, ${b.holdMs / 1000} s: ${num(b.lost)} lost; ${
-    num(b.renewalsPerSec)
-  } CAS/s; client CPU ${pct(b.cpuShare)}, server ${
-    pct(b.serverCpuShare)
-  }; loop p99 ${ms(b.loopDelayP99)}; ${
+  return `bare kv.update, one timer, ${b.holdMs / 1000} s: ${
+    num(b.lost)
+  } lost; ${num(b.renewalsPerSec)} CAS/s; client CPU ${
+    pct(b.cpuShare)
+  }, server ${pct(b.serverCpuShare)}; loop p99 ${ms(b.loopDelayP99)}; ${
     num(b.cpuUsPerRenewal, 1)
   } µs CPU/renewal`;
 }
@@ -1548,7 +1548,7 @@ export function table(r: BenchReport): string {
       bareCells(sc.targetBare),
       `${
         num(sc.target.cpuUsPerRenewal / sc.targetBare.cpuUsPerRenewal, 2)
-      }× CPU/renewal`,
+      }× bare kv.update's CPU/renewal`,
       `0 lost ${check(sc.met)}`,
     );
     for (const step of sc.steps) {
@@ -1559,7 +1559,7 @@ export function table(r: BenchReport): string {
         bareCells(step.bare),
         `${
           num(step.lease.cpuUsPerRenewal / step.bare.cpuUsPerRenewal, 2)
-        }× CPU/renewal`,
+        }× bare kv.update's CPU/renewal`,
         "",
       );
     }
