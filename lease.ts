@@ -2698,11 +2698,25 @@ class ReplyInbox {
     this.#timer = undefined;
     const now = performance.now();
     let next = Infinity;
+    const due: string[] = [];
     for (const [token, p] of this.#pending) {
-      if (p.deadline <= now) {
-        this.#pending.delete(token);
-        p.reject(new TimeoutError());
-      } else if (p.deadline < next) next = p.deadline;
+      if (p.deadline <= now) due.push(token);
+      else if (p.deadline < next) next = p.deadline;
+    }
+    // After the process stalled (a long GC, a busy loop), timers run before
+    // the replies that arrived meanwhile are read from the socket: give
+    // them one more turn of the event loop. A reply is worth the same late
+    // (the lease's deadline counts from the send), so this only waits.
+    if (due.length > 0) {
+      setTimeout(() => {
+        for (const token of due) {
+          const p = this.#pending.get(token);
+          if (p === undefined) continue;
+          this.#pending.delete(token);
+          p.reject(new TimeoutError());
+        }
+        if (this.#pending.size === 0) this.#disarm();
+      }, 0);
     }
     // A few ms late, so that one sweep serves a batch sent together.
     if (next < Infinity) this.#arm(next + 5);
@@ -2776,10 +2790,31 @@ function natsPort(
   // After a request went unanswered, the bucket may have been deleted and
   // re-created meanwhile, and a new stream can number a key's revisions
   // just as the old one did, so a CAS on our old revision may succeed
-  // there. The first success after an unanswered request is trusted only
-  // once the stream is seen to be the one we started on (one stream-info
-  // request, on this recovery path only).
-  let suspect = false;
+  // there. A success that arrives while some unanswered request is not yet
+  // covered is trusted only once a stream-info request sent after it shows
+  // the stream we started on. One such check runs at a time, shared by
+  // every success that arrived before it was sent; the successes that come
+  // while it runs share the next one (thousands of leases whose renewals
+  // timed out together must not send thousands of them).
+  let unanswered = 0;
+  let covered = 0;
+  const suspect = () => unanswered > covered;
+  let checking: Promise<void> | undefined;
+  let queued: Promise<void> | undefined;
+  const confirmStream = (): Promise<void> => {
+    if (checking === undefined) {
+      const covers = unanswered;
+      checking = checkIdentity().then(() => {
+        covered = Math.max(covered, covers);
+      }).finally(() => checking = undefined);
+      return checking;
+    }
+    // The check running now may have been sent before this success came.
+    return queued ??= checking.catch(() => {}).then(() => {
+      queued = undefined;
+      return confirmStream();
+    });
+  };
   const checkIdentity = async (): Promise<void> => {
     let si;
     try {
@@ -2795,7 +2830,6 @@ function natsPort(
         `the lease bucket's stream '${stream}' was deleted and re-created (created ${created}, now ${si.created}), so its revisions and epochs restarted`,
       );
     }
-    suspect = false;
   };
   // No stream listens on the subject: an election, or a deleted bucket.
   // Only the second is for good; one stream-info request tells them apart,
@@ -2820,7 +2854,7 @@ function natsPort(
   // proven the same; an error of that check fails the write as below.
   const verified = async (res: WriteResult): Promise<WriteResult> => {
     try {
-      await checkIdentity();
+      await confirmStream();
     } catch (err) {
       return failed(err);
     }
@@ -2828,7 +2862,7 @@ function natsPort(
   };
   const failed = async (err: unknown): Promise<WriteResult> => {
     if (err instanceof BucketGone) throw err;
-    suspect = true;
+    unanswered++;
     return await gone(err);
   };
   return {
@@ -2844,7 +2878,7 @@ function natsPort(
       h.set("Nats-Expected-Last-Subject-Sequence", String(req.expect));
       if (req.op === "DEL") h.set("KV-Operation", "DEL");
       return inbox.request(req.subject, req.value, h, req.timeout).then(
-        (res) => suspect && "seq" in res ? verified(res) : res,
+        (res) => suspect() && "seq" in res ? verified(res) : res,
         failed,
       );
     },
@@ -2871,10 +2905,10 @@ function natsPort(
         ? await jsm.direct.getMessage(stream, q)
         : await jsm.streams.getMessage(stream, q);
     } catch (err) {
-      suspect = true;
+      unanswered++;
       return await gone(err);
     }
-    if (suspect) await checkIdentity();
+    if (suspect()) await confirmStream();
     if (!sm || sm.subject !== subject) return null;
     return rawEntry(sm.seq, sm.header, sm.data);
   }
