@@ -867,6 +867,13 @@ export interface Port {
   isClosed(): boolean;
   /** Settles when the connection closes for good. */
   closed(): Promise<unknown>;
+  /**
+   * Optional: called once when `close()` is done, after which the manager
+   * sends nothing more; frees what the port holds for it (production: the
+   * reply subscription it shares with other managers on the connection,
+   * once none uses it and no reply is due).
+   */
+  close?(): void;
 }
 
 // ---------------------------------------------------------------------------
@@ -2543,6 +2550,7 @@ class Manager implements LeaseManager {
     for (const st of keys) this.#clearExpiry(st);
     this.#keys.clear();
     await this.#waitFor(unwatched, this.#timeout);
+    this.#port.close?.();
     const released: string[] = [];
     const unreleased: string[] = [];
     keys.forEach((st, i) => {
@@ -2613,6 +2621,8 @@ class ReplyInbox {
   readonly #pending = new Map<string, PendingWrite>();
   #token = 0;
   #timer: ReturnType<typeof setTimeout> | undefined;
+  /** Managers (ports) using it: the subscription goes when none does. */
+  #users = 0;
 
   constructor(nc: NatsConnection) {
     this.#nc = nc;
@@ -2642,6 +2652,26 @@ class ReplyInbox {
     });
   }
 
+  /** A manager starts using it. */
+  retain(): void {
+    this.#users++;
+  }
+
+  /** A manager is done with it. */
+  release(): void {
+    this.#users = Math.max(0, this.#users - 1);
+    this.#idle();
+  }
+
+  /** Unsubscribes once no manager uses it and no reply is due. */
+  #idle(): void {
+    if (this.#users > 0 || this.#pending.size > 0) return;
+    this.#disarm();
+    const sub = this.#sub;
+    this.#sub = undefined;
+    if (sub !== undefined && !sub.isClosed()) sub.unsubscribe();
+  }
+
   /** The reply subjects' prefix; (re)subscribes if needed. */
   #subscribe(): string {
     if (this.#sub !== undefined && !this.#sub.isClosed()) return this.#prefix;
@@ -2665,7 +2695,10 @@ class ReplyInbox {
     const p = this.#pending.get(token);
     if (p === undefined) return; // timed out already
     this.#pending.delete(token);
-    if (this.#pending.size === 0) this.#disarm();
+    if (this.#pending.size === 0) {
+      this.#disarm();
+      this.#idle();
+    }
     const data = msg.data;
     if (data.length === 0) {
       // A status, not an ack: 503 when no stream listens on the subject.
@@ -2716,7 +2749,10 @@ class ReplyInbox {
           this.#pending.delete(token);
           p.reject(new TimeoutError());
         }
-        if (this.#pending.size === 0) this.#disarm();
+        if (this.#pending.size === 0) {
+          this.#disarm();
+          this.#idle();
+        }
       }, 0);
     }
     // A few ms late, so that one sweep serves a batch sent together.
@@ -2851,6 +2887,7 @@ function natsPort(
     throw err;
   };
   const inbox = replyInbox(nc);
+  inbox.retain();
   // A success after an unanswered request counts once the stream is
   // proven the same; an error of that check fails the write as below.
   const verified = async (res: WriteResult): Promise<WriteResult> => {
@@ -2894,6 +2931,7 @@ function natsPort(
     },
     isClosed: () => nc.isClosed(),
     closed: () => nc.closed(),
+    close: () => inbox.release(),
   };
 
   async function read(

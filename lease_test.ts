@@ -576,6 +576,46 @@ describe("lease manager on one server", () => {
     });
   });
 
+  test("close() removes the reply subscription the managers of a connection share, once the last of them is closed", async () => {
+    const name = uniq("subs");
+    const c = await connect({ servers: ns.url, name });
+    conns.push(c);
+    const subs = async (): Promise<number> => {
+      const res = await fetch(`${ns.httpUrl}/connz?subs=1`);
+      const body = await res.json() as {
+        connections: { name?: string; subscriptions: number }[];
+      };
+      return body.connections.find((x) => x.name === name)!.subscriptions;
+    };
+    const bucket = uniq("b");
+    const a = await createLeaseManager({
+      nc: c,
+      node: "a",
+      bucket,
+      ttl: TTL,
+      restartGrace: false,
+    });
+    const b = await createLeaseManager({
+      nc: c,
+      node: "b",
+      bucket,
+      ttl: TTL,
+      restartGrace: false,
+    });
+    await c.flush();
+    const before = await subs(); // nats.js's own request inbox, if any
+    await a.guard("ka", () => {});
+    await b.guard("kb", () => {});
+    await c.flush();
+    assert.equal(await subs(), before + 1, "one shared reply subscription");
+    await a.close();
+    await c.flush();
+    assert.equal(await subs(), before + 1, "still used by b");
+    await b.close();
+    await c.flush();
+    assert.equal(await subs(), before, "gone with the last manager");
+  });
+
   describe("bad input gets a clear error, sends nothing and never calls write", () => {
     const badKeys = [
       "",
