@@ -141,7 +141,6 @@
 import {
   ClosedConnectionError,
   createInbox,
-  headers,
   type Msg,
   type MsgHdrs,
   MsgHdrsImpl,
@@ -1449,6 +1448,10 @@ class Manager implements LeaseManager {
     ) return false;
     const now = this.#port.now();
     if (now < st.notBefore || t.validUntil - now < this.#margin) return false;
+    // A renewal overdue by two slots means the event loop has not run our
+    // timers or read our replies (a loop of guards that never yields):
+    // this guard takes the CAS path, which waits for them and renews.
+    if (now > st.renewAt + 2 * this.#quantum) return false;
     st.lastUse = now;
     return true;
   }

@@ -518,6 +518,40 @@ describe("lease manager on one server", () => {
       assert.ok(c.stats().outMsgs - out2 >= 20);
     });
 
+    test("a loop of lease-checked guards that never yields to the event loop keeps its lease: an overdue renewal is made by the next guard", async () => {
+      const m = await manager({
+        node: "a",
+        bucket: uniq("b"),
+        restartGrace: false,
+      });
+      let signal!: AbortSignal;
+      const epoch = await m.guard("k", (l) => {
+        signal = l.signal;
+        return l.epoch;
+      });
+      const t0 = performance.now();
+      let guards = 0;
+      let least = Infinity;
+      // Microtasks only: no timer (so no background renewal) runs meanwhile.
+      while (performance.now() - t0 < 2.5 * TTL) {
+        assert.equal(
+          await m.guard("k", (l) => {
+            least = Math.min(least, l.deadline - performance.now());
+            return l.epoch;
+          }, { check: "lease" }),
+          epoch,
+        );
+        guards++;
+      }
+      assert.equal(signal.aborted, false, String(signal.reason));
+      assert.ok(guards > 1000, `${guards} guards`);
+      // Renewed about every TTL/3, not only when the margin ran out.
+      assert.ok(
+        least >= TTL / 2,
+        `a write started ${least} ms before the deadline`,
+      );
+    });
+
     test("a key not held, held by another node, or in its grace takes the CAS path and is refused as before", async () => {
       const bucket = uniq("b");
       const a = await manager({ node: "a", bucket, markers: false });
