@@ -39,7 +39,8 @@
  *    still hold the lease. Reads may come from a stale replica and only
  *    choose what to try next; an acquiring CAS expects exactly the
  *    revision it read, so what it decided from that entry is what it
- *    overwrites.
+ *    overwrites. With `check: "lease"` that CAS may be the last renewal
+ *    rather than one sent for this write: 9 says why that is enough.
  * 2. **A monotonic deadline bounds what a success is worth.** A CAS sent at
  *    local time `t` keeps the entry alive on the server until at least
  *    `t + ttl` (the server stamps it on arrival, after `t`), so we vouch
@@ -500,12 +501,12 @@ export interface LeaseManager extends AsyncDisposable {
   readonly bucket: string;
   /**
    * Runs `write` under the lease of `key`: acquires or renews it by
-   * compare-and-set, enforces the failover grace, and calls `write` only
-   * after a CAS sent after this call confirmed that this node holds the key.
-   * In steady state this costs one server round trip; concurrent guards on
+   * compare-and-set, enforces the failover grace, and (with the default
+   * `check: "cas"`) calls `write` only after a CAS sent after this call
+   * confirmed that this node holds the key. In steady state this costs one server round trip; concurrent guards on
    * one key share it. With `check: "lease"`, a key held with its deadline at
    * least {@linkcode leaseCheckMargin} away costs none: the write runs at
-   * once, inside this call.
+   * once, inside this call, on the strength of the last renewal's CAS.
    *
    * A key once acquired is renewed in the background (every TTL/3) until
    * {@linkcode LeaseManager.release}, `close()`, or `idleRelease`.
