@@ -172,6 +172,22 @@ export const DEFAULT_TTL = 15_000;
 export const MIN_TTL = 500;
 
 /**
+ * The least time in milliseconds that each request of
+ * {@linkcode createLeaseManager} waits for its answer. Set-up is off the
+ * write path, and the server may take this long: it answers the creation of
+ * a replicated bucket once the stream's raft group has a leader, and when
+ * the first vote fails, nats-server holds the next election 4 to 9 s later.
+ *
+ * @example A manager whose lease operations time out after 1 s
+ * ```ts
+ * import { SETUP_TIMEOUT } from "@nats-lease/lease";
+ * // createLeaseManager({ nc, node, timeout: 1_000 }) still waits up to
+ * console.log(SETUP_TIMEOUT); // 20000 ms for the bucket
+ * ```
+ */
+export const SETUP_TIMEOUT = 20_000;
+
+/**
  * The bound assumed on how far any process's monotonic clock (and the
  * server's) runs from real time: 0.1%, twice NTP's largest slew (500 ppm)
  * plus a crystal's error. The failover grace absorbs it, and
@@ -311,7 +327,9 @@ export interface LeaseManagerOptions {
   /**
    * Time in milliseconds to wait for each server request before treating it
    * as unanswered (the write is refused, the lease kept if the CAS may have
-   * landed). At most the TTL in force (given or adopted).
+   * landed). At most the TTL in force (given or adopted). The requests of
+   * {@linkcode createLeaseManager} itself (binding or creating the bucket,
+   * checking its servers) wait at least {@linkcode SETUP_TIMEOUT} instead.
    * @default {Math.min(ttl / 4, 5000)}
    */
   timeout?: number;
@@ -3446,8 +3464,9 @@ export async function createLeaseManager(
   const o = resolveOptions(options);
   if (o.signal?.aborted) throw abortReason(o.signal);
   const nc = o.nc;
-  // Creating a replicated stream can take longer than a lease operation may.
-  const setupTimeout = Math.max(o.timeout, 5_000);
+  // Set-up is off the write path, so it may wait longer than a lease
+  // operation: see SETUP_TIMEOUT.
+  const setupTimeout = Math.max(o.timeout, SETUP_TIMEOUT);
   let jsm: JetStreamManager;
   try {
     jsm = await jetstreamManager(nc, { timeout: setupTimeout });

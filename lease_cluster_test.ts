@@ -15,6 +15,7 @@ import {
 } from "./mod.ts";
 import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
 import { NatsCluster, natsServerBinary } from "./test_util/nats_server.ts";
+import { NatsProxy } from "./test_util/proxy.ts";
 
 const TTL = 1000;
 
@@ -235,6 +236,40 @@ describe("lease manager on a 3-node cluster", () => {
     assert.ok(took >= 1.8 * TTL, `failover after ${took.toFixed(0)} ms`);
     await a.close();
     await b.close();
+  });
+
+  // The server answers the creation of a replicated stream once the stream's
+  // raft group has a leader. The preferred peer campaigns at once, but when
+  // that vote fails the next election comes 4 to 9 s later (nats-server's
+  // election timeout), past nats.js's 5 s default: a CI run saw this. Here a
+  // proxy holds that answer back for 6 s; the bucket must still be created.
+  test("R3: creating a bucket waits out a 6 s answer to the stream creation (a failed first stream leader vote costs 4-9 s)", async () => {
+    await using proxy = await NatsProxy.start(
+      Number(new URL(cluster.urls[1]!).port),
+    );
+    let held = 0;
+    proxy.onFrame = (f, dir) => {
+      if (dir === "up" && f.subject?.startsWith("$JS.API.STREAM.CREATE.")) {
+        held++;
+        proxy.holdFor("down", 6_000);
+      }
+    };
+    const nc = await connect({ servers: proxy.url });
+    conns.push(nc);
+    const t = performance.now();
+    const m = await createLeaseManager({
+      nc,
+      node: "a",
+      bucket: uniq("r3"),
+      ttl: TTL,
+      replicas: 3,
+      timeout: 1_000,
+    });
+    const took = performance.now() - t;
+    assert.equal(held, 1);
+    assert.ok(took >= 5_900, `created after ${took.toFixed(0)} ms`);
+    assert.equal(await m.guard("k", (l) => l.node), "a");
+    await m.close();
   });
 
   test("R3: close() hands over to a manager on another node within tens of ms", async () => {

@@ -44,6 +44,7 @@ export {
   type LeaseManagerOptions,
   MIN_TTL,
   NotHolderError,
+  SETUP_TIMEOUT,
   UnavailableError,
   type WatchOptions,
 } from "./lease.ts";

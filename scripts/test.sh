@@ -209,6 +209,20 @@ parse_summary() {
   [[ -n "$passed" && -n "$failed" ]] && echo "$passed $failed ${skipped:-0}"
 }
 
+# Prints the name of each failed test in a runtime's log, one a line.
+failed_test_names() {
+  local runtime="$1" log="$2"
+  case "$runtime" in
+  deno)
+    sed -E 's/\x1b\[[0-9;]*m//g' "$log" |
+      sed -nE 's/^ *(.*) \.\.\. FAILED( \(.*\))?$/\1/p' | sort -u
+    ;;
+  bun) sed -nE 's/^\(fail\) (.*) \[[0-9.]+m?s\]$/\1/p' "$log" | sort -u ;;
+  node) sed -nE 's/^ *✖ (.*) \([0-9.]+m?s\)$/\1/p' "$log" | sort -u ;;
+  esac
+}
+
+failed_names=()
 total_passed=0
 total_failed=0
 total_skipped=0
@@ -267,6 +281,10 @@ for runtime in "${runtimes[@]}"; do
         echo "----- what bun printed before each failure in $log -----"
         grep -B 40 '^(fail)' "$log" | head -n 300
       fi
+      # Named again at the end of the run (and of .ci/run), where a reader
+      # of only the last lines of a long log still sees them.
+      failed_names+=("$(failed_test_names "$runtime" "$log" |
+        sed -E "s/^/failed test: $runtime $version: /")")
       echo "----- tail of $log -----"
       tail -n 80 "$log"
       echo "----- end of $log -----"
@@ -277,5 +295,8 @@ for runtime in "${runtimes[@]}"; do
   done
 done
 
+for names in "${failed_names[@]}"; do
+  [[ -n "$names" ]] && printf '%s\n' "$names"
+done
 echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
 ((total_failed == 0))
