@@ -9,7 +9,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import { connect } from "@nats-io/transport-node";
-import { jetstreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import {
   NatsCluster,
@@ -19,6 +19,7 @@ import {
 import {
   casSafeVersion,
   createLeaseManager,
+  SETUP_TIMEOUT,
   unsafeReplicaReason,
 } from "./lease.ts";
 
@@ -68,8 +69,13 @@ async function withBucket(
   bucket: string,
   replicas: number,
 ): Promise<void> {
-  // With a TTL, so that createLeaseManager accepts the bucket as a lease bucket.
-  await new Kvm(nc).create(bucket, { replicas, ttl: 2000 });
+  // With a TTL, so that createLeaseManager accepts the bucket as a lease
+  // bucket. A replicated stream is created once its raft group has a leader,
+  // which a failed first vote delays by 4-9 s: wait as set-up does.
+  await new Kvm(jetstream(nc, { timeout: SETUP_TIMEOUT })).create(bucket, {
+    replicas,
+    ttl: 2000,
+  });
 }
 
 /** Runs the check, asserting it also returns within its budget. */
