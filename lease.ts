@@ -3115,6 +3115,11 @@ function isNoResponders(err: unknown): boolean {
 const STATZ_SUBJECT = "$SYS.REQ.ACCOUNT.PING.STATZ";
 /** Without it only servers where this account has connections answer. */
 const STATZ_BODY = JSON.stringify({ include_unused: true });
+/**
+ * The ping is sent again this often until every peer has answered: a ping
+ * or an answer lost on a busy cluster would otherwise fail the whole check.
+ */
+const STATZ_RESEND_MS = 1_000;
 
 type Triple = readonly [number, number, number];
 
@@ -3170,8 +3175,9 @@ interface ServerApiReply {
 }
 
 /**
- * Sends one account-scoped STATZ ping and gathers the replies until every
- * name in `wanted` has answered or `ms` have passed. Never rejects.
+ * Sends an account-scoped STATZ ping, again each STATZ_RESEND_MS, and
+ * gathers the replies until every name in `wanted` has answered or `ms` have
+ * passed. Never rejects.
  */
 function census(
   nc: NatsConnection,
@@ -3181,6 +3187,7 @@ function census(
   const result: Census = { versions: new Map() };
   return new Promise<Census>((resolve) => {
     let timer: ReturnType<typeof setTimeout> | undefined;
+    let resend: ReturnType<typeof setInterval> | undefined;
     let sub: { unsubscribe(): void } | undefined;
     let finished = false;
     const finish = (failure?: string): void => {
@@ -3188,6 +3195,7 @@ function census(
       finished = true;
       if (failure !== undefined) result.failure = failure;
       clearTimeout(timer);
+      clearInterval(resend);
       try {
         sub?.unsubscribe();
       } catch {
@@ -3234,7 +3242,15 @@ function census(
         },
       });
       timer = setTimeout(() => finish(), Math.max(0, ms));
-      nc.publish(STATZ_SUBJECT, STATZ_BODY, { reply: inbox });
+      const ping = (): void => {
+        try {
+          nc.publish(STATZ_SUBJECT, STATZ_BODY, { reply: inbox });
+        } catch (err) {
+          finish(`cannot send ${STATZ_SUBJECT}: ${errText(err)}`);
+        }
+      };
+      resend = setInterval(ping, STATZ_RESEND_MS);
+      ping();
     } catch (err) {
       finish(
         `cannot send ${STATZ_SUBJECT}: ${
@@ -3271,10 +3287,10 @@ function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
  * (nats-server#4320).
  *
  * Reads the peers (`cluster.leader` and `cluster.replicas[].name`) from
- * stream info, then asks every server for its version with one
+ * stream info, then asks every server for its version with the
  * account-scoped `$SYS.REQ.ACCOUNT.PING.STATZ` (body
- * `{"include_unused":true}`), gathering replies until each peer has answered
- * or the time is up. A stream with one replica is always safe: a single-peer
+ * `{"include_unused":true}`, sent again each second), gathering replies
+ * until each peer has answered or the time is up. A stream with one replica is always safe: a single-peer
  * stream has no Raft group, and the server checks the expected sequence
  * under the stream lock.
  *
