@@ -91,13 +91,15 @@
  *    new epoch and the two-TTL grace of an unexplained gap.
  * 7. **A bucket that disappears stops the manager for good.** It is seen
  *    when a request finds no stream; when revisions go backwards (within
- *    one stream they only grow); and, after any unanswered request, by
- *    comparing the stream's creation time before the next success is
- *    trusted. The manager then stops vouching for every lease and never
- *    re-creates the bucket. Not seen: a holder that sent nothing while the
- *    bucket was deleted and re-created and the new bucket reached its
- *    revision. Deleting the bucket under live holders is outside the
- *    guarantee (see Assumptions): the successor finds no trace of them.
+ *    one stream they only grow); and, after any unanswered request or any
+ *    silence of more than a TTL between two answers (a paused process
+ *    sends nothing and times nothing out), by comparing the stream's
+ *    creation time before the next success is trusted. The manager then
+ *    stops vouching for every lease and never re-creates the bucket. Not
+ *    seen: a bucket deleted and re-created between two answers less than
+ *    a TTL apart, whose new stream reached the holder's revision on the
+ *    key. Deleting the bucket under live holders is outside the guarantee
+ *    (see Assumptions): the successor finds no trace of them.
  * 8. **Waiting authorises nothing.** A guard with `wait: true`, a campaign
  *    and a watch follow a key through one shared watch (an ordered consumer
  *    on the key's subject), a hint that may lag like any read. What it
@@ -2845,6 +2847,7 @@ function natsPort(
   stream: string,
   direct: boolean,
   created: string,
+  silence: number,
 ): Port {
   // After a request went unanswered, the bucket may have been deleted and
   // re-created meanwhile, and a new stream can number a key's revisions
@@ -2855,8 +2858,23 @@ function natsPort(
   // every success that arrived before it was sent; the successes that come
   // while it runs share the next one (thousands of leases whose renewals
   // timed out together must not send thousands of them).
+  //
+  // So may it during a silence: a process paused (or starved) for longer
+  // than a TTL sent nothing and timed nothing out, and the new stream may
+  // have passed our revision, so our renewal fails as if another node had
+  // taken over, and our next acquire would succeed there under a restarted
+  // epoch. An answer that comes more than `silence` ms after the previous
+  // one therefore counts as an unanswered request. Holders renew every
+  // TTL/3, so this costs a busy manager nothing; an idle one pays one
+  // stream-info request after each silence.
   let unanswered = 0;
   let covered = 0;
+  let lastAnswer = performance.now();
+  const heard = (): void => {
+    const now = performance.now();
+    if (now - lastAnswer > silence) unanswered++;
+    lastAnswer = now;
+  };
   const suspect = () => unanswered > covered;
   let checking: Promise<void> | undefined;
   let queued: Promise<void> | undefined;
@@ -2943,7 +2961,10 @@ function natsPort(
       ]);
       if (req.op === "DEL") h.headers.set("KV-Operation", ["DEL"]);
       return inbox.request(req.subject, req.value, h, req.timeout).then(
-        (res) => suspect() && "seq" in res ? verified(res) : res,
+        (res) => {
+          heard();
+          return suspect() && "seq" in res ? verified(res) : res;
+        },
         failed,
       );
     },
@@ -2974,6 +2995,7 @@ function natsPort(
       unanswered++;
       return await gone(err);
     }
+    heard();
     if (suspect()) await confirmStream();
     if (!sm || sm.subject !== subject) return null;
     return rawEntry(sm.seq, sm.header, sm.data);
@@ -3589,7 +3611,7 @@ export async function createLeaseManager(
   });
   if (o.signal?.aborted) throw abortReason(o.signal);
   return new Manager(
-    natsPort(nc, js, opsJsm, `KV_${o.bucket}`, direct, created!),
+    natsPort(nc, js, opsJsm, `KV_${o.bucket}`, direct, created!, o.ttl),
     o,
   );
 }

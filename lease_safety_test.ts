@@ -713,6 +713,54 @@ describe("lease safety on one server", () => {
     );
   });
 
+  // A paused process sends nothing and times nothing out. If the bucket is
+  // deleted and re-created meanwhile and the new stream passes its revision,
+  // its renewal fails as if another node had taken over, and its next
+  // acquire would succeed in the new bucket, under a restarted epoch. The
+  // simulator found this (seed 229806); an answer after a silence longer
+  // than the TTL now makes the manager check the stream first.
+  test("a holder paused past its TTL while the bucket was deleted and re-created (the new one passing its revision) never writes again", async () => {
+    const bucket = uniq("silent");
+    const paused = startChild({
+      NATS_URL: ns.url,
+      LEASE_BUCKET: bucket,
+      LEASE_KEY: "k",
+      LEASE_NODE: "p",
+      LEASE_TTL: String(TTL),
+      LEASE_WRITE_MS: "20",
+    });
+    try {
+      await paused.until((e) => e.ev === "end");
+      signal(paused.pid, "SIGSTOP");
+      const stoppedAt = performance.now();
+      const rev = (await (await new Kvm(op).open(bucket)).get("k"))!.revision;
+      await jsm.streams.delete(`KV_${bucket}`);
+      const n = await manager({ node: "n", bucket, restartGrace: false });
+      const kv = await new Kvm(op).open(bucket);
+      for (;;) {
+        await n.guard("k", () => {});
+        if ((await kv.get("k"))!.revision > rev + 1) break;
+      }
+      await n.release("k");
+      await sleep(stoppedAt + 1.5 * TTL - performance.now());
+      const resumedAt = Date.now();
+      signal(paused.pid, "SIGCONT");
+      await sleep(5 * TTL);
+      const since = paused.events.filter((e) => e.t >= resumedAt);
+      assert.deepEqual(
+        since.filter((e) => e.ev === "start"),
+        [],
+        "the paused holder wrote in the re-created bucket",
+      );
+      assert.ok(
+        since.some((e) => e.ev === "refused" && e.error === "UnavailableError"),
+        JSON.stringify(since),
+      );
+    } finally {
+      await paused.stop();
+    }
+  });
+
   test("guard() rejects with an UnavailableError that speaks of guarding the write when the server does not answer", async () => {
     const bucket = uniq("msg");
     await using proxy = await NatsProxy.start(ns.port);

@@ -11,8 +11,9 @@
 #   SIM_CI_JOBS     parallel Deno processes (default: the number of CPUs)
 #   SIM_CI_MUTANTS  most histories per mutant hunt (default 10000, the CI
 #                   budget; 0 skips)
-#   SIM_CI_FOCUS    histories focused on lease-checked guards (default 3000;
-#                   0 skips)
+#   SIM_CI_FOCUS    histories in each mutant focus run on lease.ts (L1:
+#                   lease-checked guards, S1: re-created buckets; default
+#                   3000; 0 skips)
 #   SIM_LEASE       the lease module to simulate (default lease.ts)
 set -uo pipefail
 
@@ -60,18 +61,23 @@ else
 fi
 cat "$logs"/shard*.log | grep '^sim ' || true
 
-# 1b. The histories where a lease-checked guard's margin decides (the focus
-# of mutants L1 and L2), on the real lease.ts: none may fail.
+# 1b. The histories a mutant's focus narrows to, on the real lease.ts: none
+# may fail. L1 (and L2): skew, partitions and deadline-hugging lease-checked
+# guards. S1: a bucket re-created in every history, frequent pauses, one key.
 focus_seeds="${SIM_CI_FOCUS:-3000}"
 if ((focus_seeds > 0)); then
-  start=$SECONDS
-  if "$deno" run -A sim/run.ts --focus L1 --seeds "$focus_seeds" >"$logs/focus.log" 2>&1; then
-    echo "sim ci: $focus_seeds histories focused on lease-checked guards (--focus L1) on ${SIM_LEASE:-lease.ts}: PASS ($((SECONDS - start)) s)"
-  else
-    echo "sim ci: $focus_seeds histories focused on lease-checked guards (--focus L1): FAILED"
-    head -n 60 "$logs/focus.log"
-    failed=$((failed + 1))
-  fi
+  for focus in "L1:lease-checked guards" "S1:re-created buckets and pauses"; do
+    id="${focus%%:*}"
+    start=$SECONDS
+    if "$deno" run -A sim/run.ts --focus "$id" --seeds "$focus_seeds" \
+      >"$logs/focus-$id.log" 2>&1; then
+      echo "sim ci: $focus_seeds histories focused on ${focus#*:} (--focus $id) on ${SIM_LEASE:-lease.ts}: PASS ($((SECONDS - start)) s)"
+    else
+      echo "sim ci: $focus_seeds histories focused on ${focus#*:} (--focus $id): FAILED"
+      head -n 60 "$logs/focus-$id.log"
+      failed=$((failed + 1))
+    fi
+  done
 fi
 
 # 2. One seed is one history: the same trace twice.

@@ -107,6 +107,10 @@ export class SimNode implements Target {
   readonly #created: number;
   /** A request went unanswered since the last identity check (as in natsPort). */
   #suspect = false;
+  /** A longer gap between two answers also makes it suspect (as in natsPort). */
+  readonly #silence: number;
+  /** Local time of the last answer. */
+  #lastAnswer: number;
   #instances = 0;
   readonly #inflight = new Set<Pending>();
   /** Every request the process sent (for P7 and P8): true time, key, kind. */
@@ -125,6 +129,7 @@ export class SimNode implements Target {
    * @param rate Its clock rate.
    * @param offset Its clock offset.
    * @param BucketGone The class the port rejects with when the bucket is gone.
+   * @param silence The gap between answers (ms, its clock) that makes it suspect: the TTL.
    */
   constructor(
     sched: Scheduler,
@@ -135,6 +140,7 @@ export class SimNode implements Target {
     rate: number,
     offset: number,
     BucketGone: BucketGoneClass,
+    silence: number,
   ) {
     this.#sched = sched;
     this.#kv = kv;
@@ -145,6 +151,8 @@ export class SimNode implements Target {
     this.offset = offset;
     this.#BucketGone = BucketGone;
     this.#created = kv.incarnation;
+    this.#silence = silence;
+    this.#lastAnswer = this.local();
     this.#closedPromise = new Promise<void>((r) => this.#closedResolve = r);
     this.port = this.#makePort();
   }
@@ -393,6 +401,13 @@ export class SimNode implements Target {
     this.#suspect = false;
   }
 
+  /** An answer came: after a silence longer than a TTL, as natsPort does, suspect. */
+  #heard(): void {
+    const now = this.local();
+    if (now - this.#lastAnswer > this.#silence) this.#suspect = true;
+    this.#lastAnswer = now;
+  }
+
   #makePort(): Port {
     const kv = this.#kv;
     const sched = this.#sched;
@@ -463,6 +478,7 @@ export class SimNode implements Target {
           this.#suspect = true;
           throw err;
         }
+        this.#heard();
         // As natsPort does: after an unanswered request, the first success
         // is trusted only once the stream is seen to be the one the manager
         // started on.
@@ -505,6 +521,7 @@ export class SimNode implements Target {
           },
         ).then(
           async (entry) => {
+            this.#heard();
             // As natsPort does: a read after an unanswered request is
             // trusted only once the stream is the one we started on.
             if (this.#suspect) {

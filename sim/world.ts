@@ -62,6 +62,13 @@ export interface SimOptions {
    * clocks beyond the assumed bound. @default {epsilon}
    */
   clockEpsilon?: number;
+  /**
+   * The gap between two answers, in TTLs, after which the simulated port
+   * checks the stream before trusting a success, as natsPort does after a
+   * silence longer than the TTL; `Infinity` removes that check.
+   * @default {1}
+   */
+  portSilence?: number;
   /** Length of a history, in TTLs. @default {12} */
   length?: number;
   /** Probability that each fault of the menu is on in a history. @default {0.5} */
@@ -92,6 +99,8 @@ export interface Plan {
   epsilon: number;
   /** The bound the clocks really keep (see {@linkcode SimOptions.clockEpsilon}). */
   clockEpsilon: number;
+  /** See {@linkcode SimOptions.portSilence}, in ms. */
+  portSilence: number;
   timeout: number;
   settleTimeout: number;
   /** History length, ms. */
@@ -276,6 +285,7 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     ttl,
     epsilon,
     clockEpsilon: o.clockEpsilon ?? epsilon,
+    portSilence: (o.portSilence ?? 1) * ttl,
     timeout: ttl / 4,
     settleTimeout: ttl,
     duration: (o.length ?? 12) * ttl,
@@ -525,6 +535,7 @@ export async function runHistory(
       rate,
       rClock.between(0, 1e6),
       lib.BucketGone,
+      plan.portSilence,
     );
     nodes.set(label, node);
     return node;
