@@ -422,7 +422,7 @@ describe("examples against a real nats-server", () => {
       assert.ok(Number(failover.match[1]) >= 1_000, demo.transcript());
       assert.ok(Number(failover.match[3]) > Number(failover.match[2]));
       const handover = await demo.waitFor(
-        /demo +handover: node-\w wrote (\d+) ms after the release, with no grace, epoch (\d+) → (\d+)$/,
+        /demo +handover: node-\w wrote (\d+) ms after it was told to stop, with no grace, epoch (\d+) → (\d+)$/,
       );
       assert.ok(Number(handover.match[1]) < 1_000, demo.transcript());
       assert.ok(Number(handover.match[3]) > Number(handover.match[2]));

@@ -91,14 +91,14 @@
  *    new epoch and the two-TTL grace of an unexplained gap.
  * 7. **A bucket that disappears stops the manager for good.** It is seen
  *    when a request finds no stream; when revisions go backwards (within
- *    one stream they only grow); and, after any unanswered request or any
- *    silence of more than a TTL between two answers (a paused process
- *    sends nothing and times nothing out), by comparing the stream's
- *    creation time before the next success is trusted. The manager then
- *    stops vouching for every lease and never re-creates the bucket. Not
- *    seen: a bucket deleted and re-created between two answers less than
- *    a TTL apart, whose new stream reached the holder's revision on the
- *    key. Deleting the bucket under live holders is outside the guarantee
+ *    one stream they only grow); and, after any unanswered request or,
+ *    once the manager has written, any silence of more than a TTL between
+ *    two answers (a paused process sends nothing and times nothing out),
+ *    by comparing the stream's creation time before the next success is
+ *    trusted. The manager then stops vouching for every lease and never
+ *    re-creates the bucket. Not seen: a bucket deleted and re-created
+ *    between two answers less than a TTL apart, whose new stream reached
+ *    the holder's revision on the key. Deleting the bucket under live holders is outside the guarantee
  *    (see Assumptions): the successor finds no trace of them.
  * 8. **Waiting authorises nothing.** A guard with `wait: true`, a campaign
  *    and a watch follow a key through one shared watch (an ordered consumer
@@ -2864,16 +2864,20 @@ function natsPort(
   // have passed our revision, so our renewal fails as if another node had
   // taken over, and our next acquire would succeed there under a restarted
   // epoch. An answer that comes more than `silence` ms after the previous
-  // one therefore counts as an unanswered request. Holders renew every
-  // TTL/3, so this costs a busy manager nothing; an idle one pays one
-  // stream-info request after each silence.
+  // one therefore counts as an unanswered request, once the manager has
+  // written anything (one that never did has no old epoch to go back on, so
+  // a waiter that only watched still takes a released key in one round
+  // trip). Holders renew every TTL/3, so this costs a busy manager nothing;
+  // an idle one pays one stream-info request after each silence.
   let unanswered = 0;
   let covered = 0;
   let lastAnswer = performance.now();
-  const heard = (): void => {
+  let wrote = false;
+  const heard = (applied: boolean): void => {
     const now = performance.now();
-    if (now - lastAnswer > silence) unanswered++;
+    if (wrote && now - lastAnswer > silence) unanswered++;
     lastAnswer = now;
+    if (applied) wrote = true;
   };
   const suspect = () => unanswered > covered;
   let checking: Promise<void> | undefined;
@@ -2962,7 +2966,7 @@ function natsPort(
       if (req.op === "DEL") h.headers.set("KV-Operation", ["DEL"]);
       return inbox.request(req.subject, req.value, h, req.timeout).then(
         (res) => {
-          heard();
+          heard("seq" in res);
           return suspect() && "seq" in res ? verified(res) : res;
         },
         failed,
@@ -2995,7 +2999,7 @@ function natsPort(
       unanswered++;
       return await gone(err);
     }
-    heard();
+    heard(false);
     if (suspect()) await confirmStream();
     if (!sm || sm.subject !== subject) return null;
     return rawEntry(sm.seq, sm.header, sm.data);

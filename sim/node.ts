@@ -401,11 +401,20 @@ export class SimNode implements Target {
     this.#suspect = false;
   }
 
-  /** An answer came: after a silence longer than a TTL, as natsPort does, suspect. */
-  #heard(): void {
+  /** Whether a write of this process was applied (as natsPort tracks). */
+  #wrote = false;
+
+  /**
+   * An answer came: after a silence longer than a TTL, once a write was
+   * applied, suspect (as natsPort does).
+   */
+  #heard(applied: boolean): void {
     const now = this.local();
-    if (now - this.#lastAnswer > this.#silence) this.#suspect = true;
+    if (this.#wrote && now - this.#lastAnswer > this.#silence) {
+      this.#suspect = true;
+    }
     this.#lastAnswer = now;
+    if (applied) this.#wrote = true;
   }
 
   #makePort(): Port {
@@ -478,7 +487,7 @@ export class SimNode implements Target {
           this.#suspect = true;
           throw err;
         }
-        this.#heard();
+        this.#heard("seq" in res);
         // As natsPort does: after an unanswered request, the first success
         // is trusted only once the stream is seen to be the one the manager
         // started on.
@@ -521,7 +530,7 @@ export class SimNode implements Target {
           },
         ).then(
           async (entry) => {
-            this.#heard();
+            this.#heard(false);
             // As natsPort does: a read after an unanswered request is
             // trusted only once the stream is the one we started on.
             if (this.#suspect) {
