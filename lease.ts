@@ -98,8 +98,9 @@
  *    trusted. The manager then stops vouching for every lease and never
  *    re-creates the bucket. Not seen: a bucket deleted and re-created
  *    between two answers less than a TTL apart, whose new stream reached
- *    the holder's revision on the key. Deleting the bucket under live holders is outside the guarantee
- *    (see Assumptions): the successor finds no trace of them.
+ *    the holder's revision on the key. Deleting the bucket under live
+ *    holders is outside the guarantee (see Assumptions): the successor
+ *    finds no trace of them.
  * 8. **Waiting authorises nothing.** A guard with `wait: true`, a campaign
  *    and a watch follow a key through one shared watch (an ordered consumer
  *    on the key's subject), a hint that may lag like any read. What it
@@ -180,11 +181,12 @@ export const MIN_TTL = 500;
  * a replicated bucket once the stream's raft group has a leader, and when
  * the first vote fails, nats-server holds the next election 4 to 9 s later.
  *
- * @example A manager whose lease operations time out after 1 s
+ * @example How long set-up may wait, whatever `timeout` says
  * ```ts
  * import { SETUP_TIMEOUT } from "@nats-lease/lease";
- * // createLeaseManager({ nc, node, timeout: 1_000 }) still waits up to
- * console.log(SETUP_TIMEOUT); // 20000 ms for the bucket
+ * // With { timeout: 1_000 }, renewals and guards give up after 1 s, but
+ * // binding or creating the bucket waits up to this long:
+ * console.log(SETUP_TIMEOUT); // 20000
  * ```
  */
 export const SETUP_TIMEOUT = 20_000;
@@ -523,8 +525,8 @@ export interface LeaseManager extends AsyncDisposable {
    * Runs `write` under the lease of `key`: acquires or renews it by
    * compare-and-set, enforces the failover grace, and (with the default
    * `check: "cas"`) calls `write` only after a CAS sent after this call
-   * confirmed that this node holds the key. In steady state this costs one server round trip; concurrent guards on
-   * one key share it. With `check: "lease"`, a key held with its deadline at
+   * confirmed that this node holds the key. In steady state this costs one
+   * server round trip; concurrent guards on one key share it. With `check: "lease"`, a key held with its deadline at
    * least {@linkcode leaseCheckMargin} away costs none: the write runs at
    * once, inside this call, on the strength of the last renewal's CAS.
    *
@@ -3316,9 +3318,9 @@ function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
  * stream info, then asks every server for its version with the
  * account-scoped `$SYS.REQ.ACCOUNT.PING.STATZ` (body
  * `{"include_unused":true}`, sent again each second), gathering replies
- * until each peer has answered or the time is up. A stream with one replica is always safe: a single-peer
- * stream has no Raft group, and the server checks the expected sequence
- * under the stream lock.
+ * until each peer has answered or the time is up. A stream with one
+ * replica is always safe: a single-peer stream has no Raft group, and the
+ * server checks the expected sequence under the stream lock.
  *
  * It fails closed: a peer that does not answer (offline, in a cluster this
  * account's requests do not reach, or a server without a system account)
