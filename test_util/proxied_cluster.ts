@@ -73,6 +73,21 @@ export class ProxiedCluster {
    * @param n How many servers.
    */
   static async start(n = 3): Promise<ProxiedCluster> {
+    // A route port is free when picked but not yet bound, so a server's
+    // random client port can take it first (a CI run saw n1 listen for
+    // clients on its own route port): start again on new ports then.
+    for (let attempt = 1;; attempt++) {
+      try {
+        return await ProxiedCluster.#startOnce(n);
+      } catch (err) {
+        if (attempt >= 3 || !/address already in use/.test(String(err))) {
+          throw err;
+        }
+      }
+    }
+  }
+
+  static async #startOnce(n: number): Promise<ProxiedCluster> {
     const real: number[] = [];
     while (real.length < n) {
       const p = await freePort();
