@@ -10,7 +10,8 @@
 #                  current = .tools/bin/nats-server (built by scripts/setup.sh)
 #                  oldest  = /usr/sbin/nats-server (Debian's 2.9.10)
 #   files        test files (default: every *_test.ts in the repo root and
-#                test_util/)
+#                test_util/); a file that starts no server (the simulator's
+#                sim_test.ts) runs with the first server only
 #
 # Environment:
 #   LEASE_TEST_TIMEOUT      per-test timeout in ms for bun and node, also
@@ -30,7 +31,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 usage() {
-  sed -n '6,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '6,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 runtimes=()
@@ -222,6 +223,13 @@ failed_test_names() {
   esac
 }
 
+# A test file that starts no nats-server (the simulator's) gives the same
+# result with either server: run it with the first server only.
+server_free=()
+for f in "${files[@]}"; do
+  grep -qE 'nats_server|NatsServer|NATS_SERVER' "$f" || server_free+=("$f")
+done
+
 failed_names=()
 total_passed=0
 total_failed=0
@@ -235,12 +243,23 @@ for runtime in "${runtimes[@]}"; do
       version="$server (missing: $bin)"
     fi
     log="$logdir/$runtime-$server.log"
+    run_files=("${files[@]}")
+    if [[ "$server" != "${servers[0]}" && ${#server_free[@]} -gt 0 ]]; then
+      run_files=()
+      for f in "${files[@]}"; do
+        [[ " ${server_free[*]} " == *" $f "* ]] || run_files+=("$f")
+      done
+      if ((${#run_files[@]} == 0)); then
+        echo "$runtime server $server: no file needs a server, skipped"
+        continue
+      fi
+    fi
     case "$runtime" in
-    deno) cmd=(node_modules/.bin/deno test -A "${files[@]}") ;;
-    bun) cmd=(node_modules/.bin/bun test --timeout "$per_test_timeout" "${files[@]}") ;;
+    deno) cmd=(node_modules/.bin/deno test -A "${run_files[@]}") ;;
+    bun) cmd=(node_modules/.bin/bun test --timeout "$per_test_timeout" "${run_files[@]}") ;;
     node)
       cmd=(node_modules/.bin/node --test --test-concurrency=1
-        "--test-timeout=$per_test_timeout" "${files[@]}")
+        "--test-timeout=$per_test_timeout" "${run_files[@]}")
       ;;
     esac
     echo "+ NATS_SERVER_BIN=$bin ${cmd[*]}" >"$log"
