@@ -1998,7 +1998,11 @@ class Manager implements LeaseManager {
       st.next = undefined;
       try {
         if (this.#defunct) throw new UnavailableError(st.key, this.#defunct);
-        await (st.held ? this.#renew(st) : this.#acquire(st));
+        // A key given up sends nothing more: its guards see the release
+        // and claim the key again once it has finished.
+        if (!this.#givenUp(st)) {
+          await (st.held ? this.#renew(st) : this.#acquire(st));
+        }
         b.resolve();
       } catch (err) {
         b.reject(err);
@@ -2073,10 +2077,21 @@ class Manager implements LeaseManager {
       st.tenure !== undefined && seen.epoch === st.tenure.epoch;
   }
 
+  /**
+   * Whether `st` was given up: released or closed, or being released with
+   * nothing held. Its loops stop there, so nothing is sent on a key after
+   * its release() resolved (a request in flight then may still land: an
+   * acquire that lands is ignored and expires, see #tookOver).
+   */
+  #givenUp(st: KeyState): boolean {
+    return st.gone || (st.releasing !== undefined && !st.held);
+  }
+
   /** Renews a lease we believe we hold: the steady-state round trip. */
   async #renew(st: KeyState): Promise<void> {
     const epoch = st.tenure!.epoch;
     for (let attempt = 0; attempt < 3; attempt++) {
+      if (attempt > 0 && this.#givenUp(st)) return;
       const sent = this.#port.now();
       let res: WriteResult;
       try {
@@ -2159,6 +2174,7 @@ class Manager implements LeaseManager {
   /** Tries to take a key we do not hold; at most a few reads and CASes. */
   async #acquire(st: KeyState): Promise<void> {
     for (let attempt = 0; attempt < 3; attempt++) {
+      if (attempt > 0 && this.#givenUp(st)) return;
       let seen: Seen | null = null;
       // On a key this state never looked at, with markers proven, try the
       // CAS that expects no entry before reading: a never-used key is then
@@ -2531,6 +2547,9 @@ class Manager implements LeaseManager {
       }
     }
     st.held = false;
+    // Given up from here on, before the caller hears of it: a reply still
+    // in flight must not make this state hold or renew again.
+    st.gone = true;
     return released;
   }
 

@@ -213,6 +213,41 @@ describe("lease safety on one server", () => {
     return m;
   }
 
+  /**
+   * A manager (node "a", TTL, 200 ms timeout unless `opts` says otherwise)
+   * on its own connection through a proxy to the server. Disposing it lets
+   * held frames through, then closes the manager, the connection and the
+   * proxy.
+   */
+  async function proxiedManager(
+    bucket: string,
+    opts: Partial<LeaseManagerOptions> = {},
+  ): Promise<
+    { proxy: NatsProxy; nc: NatsConnection; m: LeaseManager } & AsyncDisposable
+  > {
+    const proxy = await NatsProxy.start(ns.port);
+    const nc = await conn(proxy.url);
+    const m = await createLeaseManager({
+      node: "a",
+      ttl: TTL,
+      timeout: 200,
+      ...opts,
+      bucket,
+      nc,
+    });
+    return {
+      proxy,
+      nc,
+      m,
+      async [Symbol.asyncDispose]() {
+        proxy.release("both");
+        await m.close();
+        await nc.close();
+        await proxy.close();
+      },
+    };
+  }
+
   before(async () => {
     ns = await NatsServer.start();
     op = await conn(ns.url);
@@ -405,66 +440,54 @@ describe("lease safety on one server", () => {
 
   test("guard() whose acquiring compare-and-set lost its reply recognises its own entry: it never names itself as the holder and writes after one TTL, not two", async () => {
     const bucket = uniq("lost");
-    await using proxy = await NatsProxy.start(ns.port);
-    const nc = await conn(proxy.url);
-    const m = await createLeaseManager({
-      nc,
-      node: "a",
-      bucket,
-      ttl: TTL,
-      timeout: 200,
-    });
-    try {
-      // The reply to the first compare-and-set on the key comes too late.
-      let armed = true;
-      proxy.onFrame = (f, dir) => {
-        if (armed && dir === "up" && f.subject === `$KV.${bucket}.k`) {
-          armed = false;
-          proxy.holdFor("down", 300);
-        }
-      };
-      const t0 = performance.now();
-      const errors: Error[] = [];
-      let first: { t: number; epoch: number } | undefined;
-      while (!first) {
-        try {
-          first = await m.guard("k", (l) => ({
-            t: performance.now(),
-            epoch: l.epoch,
-          }));
-        } catch (err) {
-          assert.ok(
-            err instanceof NotHolderError || err instanceof UnavailableError,
-            String(err),
-          );
-          errors.push(err);
-          assert.ok(performance.now() - t0 < 5 * TTL, "never wrote");
-          await sleep(5);
-        }
+    await using p = await proxiedManager(bucket);
+    const { proxy, m } = p;
+    // The reply to the first compare-and-set on the key comes too late.
+    let armed = true;
+    proxy.onFrame = (f, dir) => {
+      if (armed && dir === "up" && f.subject === `$KV.${bucket}.k`) {
+        armed = false;
+        proxy.holdFor("down", 300);
       }
-      assert.equal(armed, false, "no compare-and-set went through the proxy");
-      assert.ok(
-        errors[0] instanceof UnavailableError,
-        `the first guard did not lose its reply: ${errors[0]}`,
-      );
-      const self = errors.filter((e) =>
-        e instanceof NotHolderError && e.holder === "a"
-      );
-      assert.equal(
-        self.length,
-        0,
-        `NotHolderError naming this node ${self.length}×: ${self[0]?.message}`,
-      );
-      assert.ok(
-        first.t - t0 <= 1.75 * TTL, // expiry, then a fresh grace: two TTLs and more
-        `first write ${(first.t - t0).toFixed(0)} ms after the first guard`,
-      );
-      // The tenure began at the lost-reply write: the bucket's first revision.
-      assert.equal(first.epoch, 1);
-    } finally {
-      await m.close();
-      await nc.close();
+    };
+    const t0 = performance.now();
+    const errors: Error[] = [];
+    let first: { t: number; epoch: number } | undefined;
+    while (!first) {
+      try {
+        first = await m.guard("k", (l) => ({
+          t: performance.now(),
+          epoch: l.epoch,
+        }));
+      } catch (err) {
+        assert.ok(
+          err instanceof NotHolderError || err instanceof UnavailableError,
+          String(err),
+        );
+        errors.push(err);
+        assert.ok(performance.now() - t0 < 5 * TTL, "never wrote");
+        await sleep(5);
+      }
     }
+    assert.equal(armed, false, "no compare-and-set went through the proxy");
+    assert.ok(
+      errors[0] instanceof UnavailableError,
+      `the first guard did not lose its reply: ${errors[0]}`,
+    );
+    const self = errors.filter((e) =>
+      e instanceof NotHolderError && e.holder === "a"
+    );
+    assert.equal(
+      self.length,
+      0,
+      `NotHolderError naming this node ${self.length}×: ${self[0]?.message}`,
+    );
+    assert.ok(
+      first.t - t0 <= 1.75 * TTL, // expiry, then a fresh grace: two TTLs and more
+      `first write ${(first.t - t0).toFixed(0)} ms after the first guard`,
+    );
+    // The tenure began at the lost-reply write: the bucket's first revision.
+    assert.equal(first.epoch, 1);
   });
 
   test("close() keeps renewing while a 3 s write settles (TTL 1.5 s), then releases the key so a successor writes within 100 ms", async () => {
@@ -761,77 +784,80 @@ describe("lease safety on one server", () => {
     }
   });
 
-  test("guard() rejects with an UnavailableError that speaks of guarding the write when the server does not answer", async () => {
-    const bucket = uniq("msg");
-    await using proxy = await NatsProxy.start(ns.port);
-    const nc = await conn(proxy.url);
-    const m = await createLeaseManager({
-      nc,
-      node: "a",
-      bucket,
-      ttl: TTL,
-      timeout: 200,
+  test("release() while renewals go unanswered sends nothing on the key after it resolves (simulator seed 200184)", async () => {
+    const bucket = uniq("relq");
+    // A timeout longer than the retry interval (TTL/10) while the lease can
+    // still be saved: a renewal planned then is queued behind one in flight.
+    await using p = await proxiedManager(bucket, {
+      ttl: 3000,
+      timeout: 1000,
       restartGrace: false,
     });
-    try {
-      await m.guard("k", () => {});
-      proxy.hold("both");
-      const err = await m.guard("k", () => {}).catch((e) => e);
-      assert.ok(err instanceof UnavailableError, String(err));
-      // It may say why (a renewal timed out), but it is about the guard.
-      assert.match(err.message, /^Cannot guard a write on 'k': /);
-    } finally {
-      proxy.release("both");
-      await m.close();
-      await nc.close();
-    }
+    const { proxy, nc, m } = p;
+    await m.guard("k", () => {});
+    proxy.hold("both");
+    // g1 sends a renewal nobody answers (at 0 ms) and g2 queues the next
+    // one behind it. release() at 800 ms waits up to a timeout for them.
+    // g1's renewal times out at 1000 ms and g2's goes out, and the retry
+    // it plans (at 1300 ms, TTL/10 later) is queued behind that one.
+    const g1 = m.guard("k", () => {}).catch((e) => e);
+    await sleep(10);
+    const g2 = m.guard("k", () => {}).catch((e) => e);
+    await sleep(790);
+    await m.release("k");
+    const out = nc.stats().outMsgs;
+    // release() gave up waiting at 1800 ms; g2's renewal times out at
+    // 2000 ms. Before, the queued retry then ran as an acquire of the
+    // released key (a read, then a compare-and-set).
+    await sleep(1000);
+    assert.equal(nc.stats().outMsgs - out, 0, "messages after release()");
+    assert.ok((await g1) instanceof UnavailableError, String(await g1));
+    assert.ok((await g2) instanceof UnavailableError, String(await g2));
+  });
+
+  test("guard() rejects with an UnavailableError that speaks of guarding the write when the server does not answer", async () => {
+    const bucket = uniq("msg");
+    await using p = await proxiedManager(bucket);
+    const { proxy, m } = p;
+    await m.guard("k", () => {});
+    proxy.hold("both");
+    const err = await m.guard("k", () => {}).catch((e) => e);
+    assert.ok(err instanceof UnavailableError, String(err));
+    // It may say why (a renewal timed out), but it is about the guard.
+    assert.match(err.message, /^Cannot guard a write on 'k': /);
   });
 
   test("guard() after renewals failed past the lease's deadline starts a new tenure (greater epoch, after a grace) even when the old entry is still the key's last", async () => {
     const bucket = uniq("lapse");
-    await using proxy = await NatsProxy.start(ns.port);
-    const nc = await conn(proxy.url);
-    const m = await createLeaseManager({
-      nc,
-      node: "a",
-      bucket,
-      ttl: TTL,
-      timeout: 200,
-      restartGrace: false,
+    await using p = await proxiedManager(bucket, { restartGrace: false });
+    const { proxy, m } = p;
+    const epoch = await m.guard("k", (l) => l.epoch);
+    // The server keeps the entry (a replica late to expire, or a
+    // re-created bucket that reached the same revision): nothing on the
+    // server shows that the lease lapsed.
+    const si = await jsm.streams.info(`KV_${bucket}`);
+    await jsm.streams.update(`KV_${bucket}`, {
+      ...si.config,
+      max_age: 3_600_000_000_000,
     });
-    try {
-      const epoch = await m.guard("k", (l) => l.epoch);
-      // The server keeps the entry (a replica late to expire, or a
-      // re-created bucket that reached the same revision): nothing on the
-      // server shows that the lease lapsed.
-      const si = await jsm.streams.info(`KV_${bucket}`);
-      await jsm.streams.update(`KV_${bucket}`, {
-        ...si.config,
-        max_age: 3_600_000_000_000,
-      });
-      let signal: AbortSignal | undefined;
-      await m.guard("k", (l) => {
-        signal = l.signal;
-      });
-      proxy.hold("both");
-      await sleep(TTL * 1.5);
-      assert.equal(signal!.aborted, true, "the lease lapsed at its deadline");
-      proxy.release("both");
-      const t = performance.now();
-      const first = await m.guard("k", () => {}).catch((e) => e);
-      assert.ok(
-        first instanceof NotHolderError && first.retryAfter !== undefined,
-        `the first guard after the lapse waits a grace: ${first}`,
-      );
-      const next = await guardUntil(m, "k", (l) => l.epoch, 4 * TTL);
-      const took = performance.now() - t;
-      assert.ok(next > epoch, `epoch ${next} after ${epoch}`);
-      assert.ok(took >= 2 * TTL * 0.95, `wrote after ${took.toFixed(0)} ms`);
-    } finally {
-      proxy.release("both");
-      await m.close();
-      await nc.close();
-    }
+    let signal: AbortSignal | undefined;
+    await m.guard("k", (l) => {
+      signal = l.signal;
+    });
+    proxy.hold("both");
+    await sleep(TTL * 1.5);
+    assert.equal(signal!.aborted, true, "the lease lapsed at its deadline");
+    proxy.release("both");
+    const t = performance.now();
+    const first = await m.guard("k", () => {}).catch((e) => e);
+    assert.ok(
+      first instanceof NotHolderError && first.retryAfter !== undefined,
+      `the first guard after the lapse waits a grace: ${first}`,
+    );
+    const next = await guardUntil(m, "k", (l) => l.epoch, 4 * TTL);
+    const took = performance.now() - t;
+    assert.ok(next > epoch, `epoch ${next} after ${epoch}`);
+    assert.ok(took >= 2 * TTL * 0.95, `wrote after ${took.toFixed(0)} ms`);
   });
 });
 

@@ -408,10 +408,15 @@ export function check(h: History): CheckResult {
       )
       ? g.t + 2 * ttl
       : g.t;
-    const bad = running ? undefined : n.sends.find((s) =>
-      s.t > late &&
-      (g.key === undefined || (s.key === g.key && s.t < again(g.key)))
-    );
+    // A request that serves a port call begun before the release resolved
+    // (the identity check after a read's answer) belongs to that call:
+    // release() does not wait for a waiter's watch read, for one.
+    const bad = running
+      ? undefined
+      : n.sends.find((s) =>
+        s.t > late && s.begun > g.t &&
+        (g.key === undefined || (s.key === g.key && s.t < again(g.key)))
+      );
     // Finding 4: an earlier release of the key resolved while a guard's
     // acquire on it was in flight, and that acquire's state, forgotten,
     // renews on.

@@ -114,7 +114,16 @@ export class SimNode implements Target {
   #instances = 0;
   readonly #inflight = new Set<Pending>();
   /** Every request the process sent (for P7 and P8): true time, key, kind. */
-  readonly sends: { t: number; key: string; what: "write" | "read" }[] = [];
+  /**
+   * Every request sent: `begun` is when the port call it serves began (an
+   * identity check is sent later than the read or write it belongs to).
+   */
+  readonly sends: {
+    t: number;
+    key: string;
+    what: "write" | "read";
+    begun: number;
+  }[] = [];
   /** The port's timers that are armed (set, neither fired nor cleared). */
   readonly armed = new Set<SimEvent>();
   #closedResolve!: () => void;
@@ -311,6 +320,7 @@ export class SimNode implements Target {
     describe: () => string,
     serve: () => T | Error,
     req?: WriteRequest,
+    begun?: number,
   ): Promise<T> {
     return new Promise<T>((resolve, reject) => {
       const sched = this.#sched;
@@ -331,7 +341,7 @@ export class SimNode implements Target {
         return;
       }
       this.#inflight.add(p);
-      this.sends.push({ t: t0, key, what });
+      this.sends.push({ t: t0, key, what, begun: begun ?? t0 });
       p.timer = this.after(
         () => {
           this.#trace.add(
@@ -384,7 +394,11 @@ export class SimNode implements Target {
   }
 
   /** A stream-info request: rejects with BucketGone unless the stream is the one we started on. */
-  async #checkIdentity(key: string, timeout: number): Promise<void> {
+  async #checkIdentity(
+    key: string,
+    timeout: number,
+    begun: number,
+  ): Promise<void> {
     const kv = this.#kv;
     const inc = await this.#request<number>(
       "read",
@@ -392,6 +406,8 @@ export class SimNode implements Target {
       timeout,
       () => "stream info (identity check)",
       () => kv.gone ? new this.#BucketGone() : kv.incarnation,
+      undefined,
+      begun,
     );
     if (inc !== this.#created) {
       throw new this.#BucketGone(
@@ -443,6 +459,7 @@ export class SimNode implements Target {
       newInstanceId: () =>
         `${this.label.replaceAll("'", "r")}i${++this.#instances}`,
       write: async (req: WriteRequest): Promise<WriteResult> => {
+        const begun = sched.now;
         const key = keyOf(req.subject);
         const sendLocal = this.local();
         const value = new TextDecoder().decode(req.value);
@@ -493,7 +510,7 @@ export class SimNode implements Target {
         // started on.
         if ("seq" in res && this.#suspect) {
           try {
-            await this.#checkIdentity(key, req.timeout);
+            await this.#checkIdentity(key, req.timeout, begun);
           } catch (err) {
             if (!(err instanceof this.#BucketGone)) this.#suspect = true;
             throw err;
@@ -502,6 +519,7 @@ export class SimNode implements Target {
         return res;
       },
       read: (subject, query, timeout): Promise<RawEntry | null> => {
+        const begun = sched.now;
         const key = keyOf(subject);
         const replica = query.leader ? 0 : this.#net.replica();
         const what = `read ${
@@ -535,7 +553,7 @@ export class SimNode implements Target {
             // trusted only once the stream is the one we started on.
             if (this.#suspect) {
               try {
-                await this.#checkIdentity(key, timeout);
+                await this.#checkIdentity(key, timeout, begun);
               } catch (err) {
                 if (!(err instanceof this.#BucketGone)) this.#suspect = true;
                 throw err;
