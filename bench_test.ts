@@ -2,6 +2,8 @@
 // figures: `bench/bench.ts --smoke` must exit 0, print a table with every row
 // and write a JSON report whose fields are all present and finite.
 
+// test.sh: first server only: the benchmark script's smoke run; what differs
+// between servers is covered by the lease tests.
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import * as fs from "node:fs";

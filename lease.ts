@@ -180,6 +180,9 @@ export const MIN_TTL = 500;
  * write path, and the server may take this long: it answers the creation of
  * a replicated bucket once the stream's raft group has a leader, and when
  * the first vote fails, nats-server holds the next election 4 to 9 s later.
+ * A cluster that answers "JetStream system temporarily unavailable" (no
+ * meta leader yet, as while its servers start or after one restarts) is
+ * asked again until this long has passed since set-up began.
  *
  * @example How long set-up may wait, whatever `timeout` says
  * ```ts
@@ -2637,6 +2640,41 @@ function isStreamNotFound(err: unknown): boolean {
   return err instanceof JetStreamApiError && err.code === 10059;
 }
 
+/**
+ * Runs a set-up request again, with a growing pause, while a JetStream
+ * cluster answers that it is temporarily unavailable (10008: it has no meta
+ * leader), until `deadline` (performance.now() time). Any other answer or
+ * error is the request's own. Creating a bucket twice is harmless: the
+ * second creation finds the same configuration.
+ */
+async function whileLeaderless<T>(
+  request: () => Promise<T>,
+  deadline: number,
+  signal: AbortSignal | undefined,
+): Promise<T> {
+  for (let pause = 100;; pause = Math.min(2 * pause, 1000)) {
+    try {
+      return await request();
+    } catch (err) {
+      const leaderless = err instanceof JetStreamApiError &&
+        err.code === 10008;
+      if (!leaderless || performance.now() + pause >= deadline) throw err;
+    }
+    await new Promise<void>((resolve, reject) => {
+      const onAbort = () => {
+        clearTimeout(timer);
+        reject(abortReason(signal!));
+      };
+      const timer = setTimeout(() => {
+        signal?.removeEventListener("abort", onAbort);
+        resolve();
+      }, pause);
+      if (signal?.aborted) onAbort();
+      else signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+}
+
 /** A write waiting for its reply in a {@linkcode ReplyInbox}. */
 interface PendingWrite {
   readonly subject: string;
@@ -3530,9 +3568,11 @@ export async function createLeaseManager(
   // Set-up is off the write path, so it may wait longer than a lease
   // operation: see SETUP_TIMEOUT.
   const setupTimeout = Math.max(o.timeout, SETUP_TIMEOUT);
+  const again = <T>(request: () => Promise<T>) =>
+    whileLeaderless(request, performance.now() + setupTimeout, o.signal);
   let jsm: JetStreamManager;
   try {
-    jsm = await jetstreamManager(nc, { timeout: setupTimeout });
+    jsm = await again(() => jetstreamManager(nc, { timeout: setupTimeout }));
   } catch (err) {
     if (isNoResponders(err)) {
       throw new Error(
@@ -3544,7 +3584,7 @@ export async function createLeaseManager(
     }
     throw err;
   }
-  const existing = await bucketStatus(jsm, o.bucket);
+  const existing = await again(() => bucketStatus(jsm, o.bucket));
   if (existing) {
     if (existing.ttl <= 0) {
       throw new RangeError(
@@ -3589,17 +3629,18 @@ export async function createLeaseManager(
     // early. Asked for only where the server we talk to has them; whether
     // the bucket got them is checked below either way.
     const withMarkers = o.markers && markersVersion(nc.info?.version ?? "");
-    const kv = await new Kvm(jetstream(nc, { timeout: setupTimeout }))
-      .create(o.bucket, {
+    const kv = await again(() =>
+      new Kvm(jetstream(nc, { timeout: setupTimeout })).create(o.bucket, {
         ttl: o.ttl,
         history: 1,
         replicas,
         ...(withMarkers
           ? { markerTTL: (Math.floor(o.ttl / 1000) + 1) * 1000 }
           : {}),
-      });
+      })
+    );
     // Created now, or concurrently by another process: read what it is.
-    const status = await kv.status();
+    const status = await again(() => kv.status());
     if (status.ttl !== o.ttl) {
       throw new RangeError(
         `Cannot create lease manager as bucket '${o.bucket}' has a TTL of ${status.ttl} ms but 'ttl' is ${o.ttl} ms`,

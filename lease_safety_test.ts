@@ -817,7 +817,7 @@ describe("lease safety on one server", () => {
 
   test("guard() rejects with an UnavailableError that speaks of guarding the write when the server does not answer", async () => {
     const bucket = uniq("msg");
-    await using p = await proxiedManager(bucket);
+    await using p = await proxiedManager(bucket, { restartGrace: false });
     const { proxy, m } = p;
     await m.guard("k", () => {});
     proxy.hold("both");

@@ -6,6 +6,8 @@
 // `.d.ts`, and run a guarded write from a plain `.mjs` file under Node 24 and
 // Bun against a real nats-server.
 // Runs under `deno test -A`, `bun test` and `node --test`.
+// test.sh: first server only: the package's npm shape; what differs between
+// servers is covered by the lease tests.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";

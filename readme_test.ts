@@ -5,6 +5,8 @@
 // against a real nats-server. The only change to the block is the server
 // address (the test server listens on a random port, not 4222).
 // Runs under `deno test -A`, `bun test` and `node --test`.
+// test.sh: first server only: the README's quick start and the pack script;
+// what differs between servers is covered by the lease tests.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";

@@ -10,8 +10,10 @@
 #                  current = .tools/bin/nats-server (built by scripts/setup.sh)
 #                  oldest  = /usr/sbin/nats-server (Debian's 2.9.10)
 #   files        test files (default: every *_test.ts in the repo root and
-#                test_util/); a file that starts no server (the simulator's
-#                sim_test.ts) runs with the first server only
+#                test_util/); a file that starts no server (sim_test.ts), or
+#                whose line "// test.sh: first server only" says it tests a
+#                script rather than the server, runs with the first server
+#                only
 #
 # Environment:
 #   LEASE_TEST_TIMEOUT      per-test timeout in ms for bun and node, also
@@ -31,7 +33,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 usage() {
-  sed -n '6,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '6,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 runtimes=()
@@ -224,10 +226,15 @@ failed_test_names() {
 }
 
 # A test file that starts no nats-server (the simulator's) gives the same
-# result with either server: run it with the first server only.
-server_free=()
+# result with either server, and one that says so in a line starting
+# "// test.sh: first server only" tests a script, not the server: run those
+# with the first server only.
+first_only=()
 for f in "${files[@]}"; do
-  grep -qE 'nats_server|NatsServer|NATS_SERVER' "$f" || server_free+=("$f")
+  if ! grep -qE 'nats_server|NatsServer|NATS_SERVER' "$f" ||
+    grep -q '^// test.sh: first server only' "$f"; then
+    first_only+=("$f")
+  fi
 done
 
 failed_names=()
@@ -244,13 +251,13 @@ for runtime in "${runtimes[@]}"; do
     fi
     log="$logdir/$runtime-$server.log"
     run_files=("${files[@]}")
-    if [[ "$server" != "${servers[0]}" && ${#server_free[@]} -gt 0 ]]; then
+    if [[ "$server" != "${servers[0]}" && ${#first_only[@]} -gt 0 ]]; then
       run_files=()
       for f in "${files[@]}"; do
-        [[ " ${server_free[*]} " == *" $f "* ]] || run_files+=("$f")
+        [[ " ${first_only[*]} " == *" $f "* ]] || run_files+=("$f")
       done
       if ((${#run_files[@]} == 0)); then
-        echo "$runtime server $server: no file needs a server, skipped"
+        echo "$runtime server $server: every file runs with the first server only, skipped"
         continue
       fi
     fi
