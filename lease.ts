@@ -529,9 +529,10 @@ export interface LeaseManager extends AsyncDisposable {
    * compare-and-set, enforces the failover grace, and (with the default
    * `check: "cas"`) calls `write` only after a CAS sent after this call
    * confirmed that this node holds the key. In steady state this costs one
-   * server round trip; concurrent guards on one key share it. With `check: "lease"`, a key held with its deadline at
-   * least {@linkcode leaseCheckMargin} away costs none: the write runs at
-   * once, inside this call, on the strength of the last renewal's CAS.
+   * server round trip; concurrent guards on one key share it. With
+   * `check: "lease"`, a key held with its deadline at least
+   * {@linkcode leaseCheckMargin} away costs none: the write runs at once,
+   * inside this call, on the strength of the last renewal's CAS.
    *
    * A key once acquired is renewed in the background (every TTL/3) until
    * {@linkcode LeaseManager.release}, `close()`, or `idleRelease`.
@@ -602,8 +603,10 @@ export interface LeaseManager extends AsyncDisposable {
    * once, aborts the lease signal, stops renewing and forgets the key. A
    * release that cannot be clean (writes still running, the failover grace
    * still running, the lease no longer confirmed) leaves the entry to
-   * expire instead, so the successor waits the grace. A guard on the key
-   * after this acquires it again. Resolves at once for a key not held.
+   * expire instead, so the successor waits the grace. Once it resolves,
+   * nothing more is sent on the key (a request already in flight may still
+   * be answered) unless a guard on it runs, which acquires it again.
+   * Resolves at once for a key not held.
    *
    * @param key The store key.
    * @returns A promise that resolves when the key is released or left to expire.
@@ -2643,9 +2646,9 @@ function isStreamNotFound(err: unknown): boolean {
 /**
  * Runs a set-up request again, with a growing pause, while a JetStream
  * cluster answers that it is temporarily unavailable (10008: it has no meta
- * leader), until `deadline` (performance.now() time). Any other answer or
- * error is the request's own. Creating a bucket twice is harmless: the
- * second creation finds the same configuration.
+ * leader), until `deadline` (performance.now() time). That answer means the
+ * request was not acted on, so asking again is safe. Any other answer or
+ * error is the request's own.
  */
 async function whileLeaderless<T>(
   request: () => Promise<T>,
@@ -2660,18 +2663,13 @@ async function whileLeaderless<T>(
         err.code === 10008;
       if (!leaderless || performance.now() + pause >= deadline) throw err;
     }
-    await new Promise<void>((resolve, reject) => {
-      const onAbort = () => {
-        clearTimeout(timer);
-        reject(abortReason(signal!));
-      };
-      const timer = setTimeout(() => {
-        signal?.removeEventListener("abort", onAbort);
-        resolve();
-      }, pause);
-      if (signal?.aborted) onAbort();
-      else signal?.addEventListener("abort", onAbort, { once: true });
-    });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const wait = new Promise<void>((r) => timer = setTimeout(r, pause));
+    try {
+      await (signal ? raceAbort(wait, signal) : wait);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 }
 
