@@ -22,6 +22,7 @@ import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
+import { JetStreamApiError } from "@nats-io/jetstream";
 import {
   createLeaseManager,
   type LeaseManager,
@@ -63,6 +64,9 @@ export const EXIT: {
   LOST: 75,
   NOT_HOLDER: 1,
 };
+
+/** How long `lease release` keeps trying while the holder keeps renewing. */
+const RELEASE_BOUND_MS = 5_000;
 
 const HELP: Record<string, string> = {
   "": `usage: lease <run|holder|watch|release> KEY [options]
@@ -115,7 +119,11 @@ expiry), until interrupted.`,
 Evicts a stuck holder: deletes KEY's entry if (and only if) ID holds it, by
 compare-and-delete on that entry's revision. The holder's command is stopped
 at its next renewal; a successor still waits out the grace (an eviction is not
-a clean release). Exits ${EXIT.NOT_HOLDER} when ID does not hold KEY.`,
+a clean release). While ID keeps renewing, the entry is read again and the
+delete retried for up to ${
+    RELEASE_BOUND_MS / 1000
+  } s. Exits ${EXIT.NOT_HOLDER} when ID does not hold KEY, ${EXIT.UNAVAILABLE} when
+the entry changed under every attempt (nothing was evicted).`,
 };
 
 const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
@@ -520,21 +528,52 @@ async function release(a: Args): Promise<number> {
     const kv = await new Kvm(nc).open(a.bucket).catch((err) => {
       throw new UnavailableError(a.key, (err as Error).message, { cause: err });
     });
-    const e = await kv.get(a.key);
-    const node = e?.operation === "PUT" ? e.string() : undefined;
-    if (node !== a.node) {
+    // The holder renews by compare-and-set, so its entry's revision moves
+    // every TTL/3 (and on every CAS-checked guard). A renewal that lands
+    // between our read and our compare-and-delete makes the server refuse
+    // the delete ("wrong last sequence"). That refusal deleted nothing, so
+    // reading again and deleting the new revision is safe, provided the
+    // node named still holds the key: an eviction must never remove a
+    // successor's entry.
+    const until = Date.now() + RELEASE_BOUND_MS;
+    for (let attempt = 1;; attempt++) {
+      const e = await kv.get(a.key);
+      const node = e?.operation === "PUT" ? e.string() : undefined;
+      if (node !== a.node) {
+        say(
+          `'${a.key}' is ${
+            node === undefined ? "not held by anyone" : `held by ${node}`
+          }, not by ${a.node}: nothing evicted`,
+        );
+        return EXIT.NOT_HOLDER;
+      }
+      try {
+        // An untagged delete on exactly that entry: a successor treats it
+        // as an operator's delete and waits the holder's TTL and the grace.
+        await kv.delete(a.key, { previousSeq: e!.revision });
+      } catch (err) {
+        const raced = err instanceof JetStreamApiError &&
+          (err.code === 10071 || err.code === 10164);
+        if (!raced) throw err;
+        if (Date.now() < until) continue;
+        say(
+          `'${a.key}' changed under each of ${attempt} attempts in ${RELEASE_BOUND_MS} ms ` +
+            `(${a.node} keeps writing it): nothing evicted; try again`,
+        );
+        return EXIT.UNAVAILABLE;
+      }
       say(
-        `'${a.key}' is ${
-          node === undefined ? "not held by anyone" : `held by ${node}`
-        }, not by ${a.node}: nothing evicted`,
+        `evicted ${a.node} from '${a.key}' (revision ${e!.revision}` +
+          (attempt > 1 ? `, attempt ${attempt})` : ")"),
       );
-      return EXIT.NOT_HOLDER;
+      return 0;
     }
-    // An untagged delete on exactly that entry: a successor treats it as
-    // an operator's delete and waits the holder's TTL and the grace.
-    await kv.delete(a.key, { previousSeq: e!.revision });
-    say(`evicted ${a.node} from '${a.key}' (revision ${e!.revision})`);
-    return 0;
+  } catch (err) {
+    if (err instanceof JetStreamApiError) {
+      // An answer the server gave, not a crash of ours: say it plainly.
+      throw new UnavailableError(a.key, err.message, { cause: err });
+    }
+    throw err;
   } finally {
     await nc.close();
   }

@@ -10,6 +10,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
+import { connect } from "@nats-io/transport-node";
+import { createLeaseManager, NotHolderError } from "./mod.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 import { sleep, uniq } from "./test_util/lease_helpers.ts";
 
@@ -352,6 +354,68 @@ describe("the lease command", () => {
     assert.match(fs.readFileSync(file, "utf8"), /TERM/);
     assert.match(a.err(), /lost/);
     assert.equal(alive(marker), 0);
+  });
+
+  test("lease release --node wins against a holder whose revision moves on every round trip (it reads again and deletes the new revision), never evicts another node, and exits 69 with a message, not a stack trace, if it cannot", async () => {
+    const key = uniq("race");
+    const nc = await connect({ servers: ns.url });
+    const ac = new AbortController();
+    const leases = await createLeaseManager({
+      nc,
+      bucket: "cli",
+      ttl: TTL,
+      node: "a",
+      signal: ac.signal,
+    });
+    // A holder that renews continuously: every CAS-checked guard is a
+    // compare-and-set that moves the entry's revision, back to back.
+    let guards = 0;
+    let lost: unknown;
+    let stop = false;
+    const hammer = (async () => {
+      while (!stop) {
+        try {
+          await leases.guard(key, () => guards++);
+        } catch (err) {
+          lost = err;
+          return;
+        }
+      }
+    })();
+    try {
+      await until(() => guards > 20, 10_000, "the holder's guards");
+      const ev = lease([
+        "release",
+        key,
+        "--servers",
+        ns.url,
+        "--bucket",
+        "cli",
+        "--node",
+        "a",
+      ]);
+      const code = await ev.exited;
+      console.log(
+        `  [figures] lease release against a hammering holder: exit ${code}: ${ev.err().trim()}`,
+      );
+      assert.doesNotMatch(ev.err(), /\n\s+at /, "no stack trace");
+      if (code === 69) {
+        // Allowed only as the documented answer, with nothing evicted.
+        assert.match(ev.err(), /changed under each of \d+ attempts/);
+        assert.equal(lost, undefined);
+      } else {
+        assert.equal(code, 0, ev.err());
+        assert.match(ev.err(), /evicted a from/);
+        // The holder learns of it at its next compare-and-set.
+        await until(() => lost !== undefined, 5_000, "the holder to lose");
+        assert.ok(lost instanceof NotHolderError, String(lost));
+      }
+    } finally {
+      stop = true;
+      await hammer;
+      await leases.close();
+      await nc.close();
+    }
   });
 
   test("the server gone past the TTL: the command is stopped and lease exits 75; SIGTERM to lease is passed on and the key released at once", async () => {
