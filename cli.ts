@@ -50,7 +50,13 @@ export const EXIT: {
   readonly NO_SERVER: 68;
   /** The server has no JetStream, refused the bucket, or stopped answering. */
   readonly UNAVAILABLE: 69;
-  /** The lease was lost while the command ran; the command was stopped. */
+  /** The watchdog of `lease run` did not start, or died: the command was not started, or was stopped. */
+  readonly NO_WATCHDOG: 70;
+  /**
+   * The lease was lost while the command ran; the command was stopped. The
+   * default of `--lost-status`: pick another there if the command itself
+   * may exit 75.
+   */
   readonly LOST: 75;
   /** `lease release`: the key is not held by the node named. */
   readonly NOT_HOLDER: 1;
@@ -61,6 +67,7 @@ export const EXIT: {
   NO_COMMAND: 67,
   NO_SERVER: 68,
   UNAVAILABLE: 69,
+  NO_WATCHDOG: 70,
   LOST: 75,
   NOT_HOLDER: 1,
 };
@@ -83,7 +90,7 @@ Options for every subcommand:
 
 'lease <subcommand> --help' says more.`,
   run:
-    `usage: lease run KEY [--servers URL] [--bucket NAME] [--ttl MS] [--node ID] [--kill-after MS] -- CMD [ARGS...]
+    `usage: lease run KEY [--servers URL] [--bucket NAME] [--ttl MS] [--node ID] [--kill-after MS] [--lost-status N] -- CMD [ARGS...]
 
 Waits for its turn on KEY (a watch, no polling), then runs CMD in a process
 group of its own with LEASE_KEY, LEASE_NODE and LEASE_EPOCH in its
@@ -92,19 +99,25 @@ released at once and lease exits with CMD's status (128 + N for signal N).
 
 If the lease is lost (the server unreachable past the TTL, an eviction),
 CMD's process group gets SIGTERM, then SIGKILL after --kill-after, and lease
-exits with ${EXIT.LOST}. SIGINT and SIGTERM sent to lease are passed on to CMD.
+exits with the --lost-status (default ${EXIT.LOST}). SIGINT and SIGTERM sent to lease are passed on to CMD.
 A watchdog process does the same if lease cannot: at once when lease is
 killed (SIGKILL), and at the lease's deadline when lease is paused (SIGSTOP)
-or frozen; a successor starts only after the TTL and the grace.
+or frozen; a successor starts only after the TTL and the grace. CMD starts
+only once the watchdog says it is running, and is stopped if it dies (exit
+${EXIT.NO_WATCHDOG}). A process that leaves CMD's process group (setsid, a double fork)
+is out of reach of both: fence its writes with LEASE_EPOCH.
 
   --ttl MS         lease TTL when the bucket is created (default 15000; an
                    existing bucket's TTL is adopted)
   --node ID        holder id (default: host name and process id)
   --kill-after MS  SIGTERM to SIGKILL (default: a quarter of the TTL)
+  --lost-status N  exit status when the lease is lost (1-255, default ${EXIT.LOST}):
+                   pick one CMD never exits with, to tell the two apart
 
 Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.BAD_DURATION} a bad
 duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
-answering before the command started), ${EXIT.LOST} lease lost while CMD ran.`,
+answering before the command started), ${EXIT.NO_WATCHDOG} the watchdog did not start or died, ${EXIT.LOST}
+(or --lost-status) lease lost while CMD ran.`,
   holder: `usage: lease holder KEY [--servers URL] [--bucket NAME] [--json]
 
 Prints the holder of KEY and its epoch ("none" when nobody holds it). A read:
@@ -165,6 +178,7 @@ interface Args {
   ttl?: number;
   node: string;
   killAfter?: number;
+  lostStatus: number;
   json: boolean;
   help: boolean;
   command: string[];
@@ -194,6 +208,7 @@ function parse(argv: string[]): Args {
     servers: (process.env.NATS_URL || "127.0.0.1:4222").split(","),
     bucket: "leases",
     node: `${os.hostname()}-${process.pid}`,
+    lostStatus: EXIT.LOST,
     json: false,
     help: false,
     command,
@@ -229,6 +244,18 @@ function parse(argv: string[]): Args {
       case "--kill-after":
         a.killAfter = duration(f, own[++i]);
         break;
+      case "--lost-status": {
+        const v = value();
+        a.lostStatus = Number(v);
+        if (!/^\d+$/.test(v) || a.lostStatus < 1 || a.lostStatus > 255) {
+          throw new UsageError(
+            `--lost-status needs an exit status from 1 to 255: received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        break;
+      }
       default:
         if (f.startsWith("-")) throw new UsageError(`unknown option ${f}`);
         rest.push(f);
@@ -334,24 +361,92 @@ function groupAlive(pid: number): boolean {
   }
 }
 
+/** How long the watchdog may take to load and say "ready". */
+const WATCHDOG_READY_MS = 15_000;
+
+interface Watchdog {
+  /** Sends a line (a deadline, "pgid N" or "done"). */
+  send(line: string): void;
+  /** True until the watchdog process has exited. */
+  alive(): boolean;
+  /** Resolves when it exits, with how it ended. */
+  exited: Promise<string>;
+}
+
 /**
  * Starts cli_watchdog.ts under this runtime, in a process group of its own
- * (so a signal to ours or to the command's does not reach it). It stops the
- * command's group when our lease runs out without news from us (we are
- * paused) or our pipe to it closes (we were killed).
+ * (so a signal to ours or to the command's does not reach it), and resolves
+ * once it says "ready": a watchdog that cannot load its module (a path that
+ * does not resolve offline, a compiled binary without it) would otherwise
+ * leave the command unprotected with no notice. It stops the command's group
+ * when our lease runs out without news from us (we are paused) or our pipe
+ * to it closes (we were killed).
  */
-function startWatchdog(pid: number, killAfter: number): ChildProcess {
+async function startWatchdog(killAfter: number): Promise<Watchdog> {
   const file = import.meta.resolve("./cli_watchdog.ts");
   const script = file.startsWith("file:") ? fileURLToPath(file) : file;
   const args = "Deno" in globalThis ? ["run", "--allow-run", script] : [script];
-  const w = spawn(process.execPath, [...args, String(pid), String(killAfter)], {
-    stdio: ["pipe", "ignore", "inherit"],
+  const w = spawn(process.execPath, [...args, String(killAfter)], {
+    stdio: ["pipe", "pipe", "pipe"],
     detached: true,
   });
-  w.on("error", (err) => say(`the watchdog did not start: ${err.message}`));
+  let running = true;
+  let err = "";
+  const exited = new Promise<string>((resolve) => {
+    w.once("error", (e) => {
+      running = false;
+      resolve(`it could not be started: ${e.message}`);
+    });
+    w.once("exit", (code, signal) => {
+      running = false;
+      resolve(signal ? `it was killed by ${signal}` : `it exited ${code}`);
+    });
+  });
   w.stdin!.on("error", () => {});
+  w.stderr!.setEncoding("utf8").on("data", (d: string) => {
+    err = (err + d).slice(-2000);
+  });
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    await Promise.race([
+      new Promise<void>((resolve) => {
+        let out = "";
+        w.stdout!.setEncoding("utf8").on("data", (d: string) => {
+          out += d;
+          if (out.includes("ready\n")) resolve();
+        });
+      }),
+      exited.then((how) => {
+        // The runtime's own report, e.g. "Error: Cannot find module ...".
+        const lines = err.split("\n").map((l) => l.trim()).filter(Boolean);
+        const why = lines.find((l) => /error/i.test(l)) ?? lines.at(-1);
+        throw new Error(`${how}${why ? `: ${why}` : ""}`);
+      }),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(
+          () =>
+            reject(new Error(`it did not start in ${WATCHDOG_READY_MS} ms`)),
+          WATCHDOG_READY_MS,
+        );
+      }),
+    ]);
+  } catch (e) {
+    w.kill("SIGKILL");
+    throw e;
+  } finally {
+    clearTimeout(timer);
+  }
+  // Its stderr now goes to ours, as before; its pipes no longer keep us up.
+  w.stderr!.removeAllListeners("data");
+  w.stderr!.on("data", (d: string) => process.stderr.write(d));
   w.unref();
-  return w;
+  (w.stdout as unknown as { unref?: () => void }).unref?.();
+  (w.stderr as unknown as { unref?: () => void }).unref?.();
+  return {
+    send: (line) => void w.stdin?.write(`${line}\n`),
+    alive: () => running,
+    exited,
+  };
 }
 
 async function run(a: Args): Promise<number> {
@@ -364,6 +459,20 @@ async function run(a: Args): Promise<number> {
       `--kill-after must be below the TTL (${leases.ttl} ms), so that the command is gone before a successor starts: received ${killAfter}`,
       EXIT.BAD_DURATION,
     );
+  }
+  // The watchdog first, while nothing is held: no command runs without one.
+  let watchdog: Watchdog;
+  try {
+    watchdog = await startWatchdog(killAfter);
+  } catch (err) {
+    say(
+      `the watchdog did not start (${
+        (err as Error).message
+      }): not running the command`,
+    );
+    await leases.close();
+    await nc.close();
+    return EXIT.NO_WATCHDOG;
   }
   const waiting = new AbortController();
   let forwarded: Sig | undefined;
@@ -380,6 +489,13 @@ async function run(a: Args): Promise<number> {
   let status: number;
   try {
     status = await leases.guard(a.key, async (lease) => {
+      if (!watchdog.alive()) {
+        say(
+          `the watchdog died while waiting (${await watchdog
+            .exited}): not running the command`,
+        );
+        return EXIT.NO_WATCHDOG;
+      }
       say(`holding '${a.key}' as ${a.node}, epoch ${lease.epoch}`);
       child = spawn(a.command[0]!, a.command.slice(1), {
         stdio: "inherit",
@@ -403,35 +519,47 @@ async function run(a: Args): Promise<number> {
         });
       });
       const pid = child.pid;
-      let watchdog: ChildProcess | undefined;
       let tick: ReturnType<typeof setInterval> | undefined;
+      let stopped: "lost" | "watchdog" | undefined;
+      const stop = () => {
+        killGroup(pid!, "SIGTERM");
+        setTimeout(() => {
+          if (groupAlive(pid!)) killGroup(pid!, "SIGKILL");
+        }, killAfter).unref?.();
+      };
       if (pid !== undefined) {
-        watchdog = startWatchdog(pid, killAfter);
+        // Sent in the tick the command was spawned in, before any await: a
+        // lease killed from here on leaves a watchdog that knows the group.
+        watchdog.send(`pgid ${pid}`);
         // How long the lease is still vouched for, every tick: if we stop
         // sending (paused), the watchdog stops the command at the deadline.
         const tell = () =>
-          watchdog?.stdin?.write(
-            `${Math.floor(lease.deadline - performance.now())}\n`,
-          );
+          watchdog.send(`${Math.floor(lease.deadline - performance.now())}`);
         tell();
         tick = setInterval(tell, Math.min(250, leases.ttl / 10));
+        // A dead watchdog can no longer stop the command if we freeze: stop
+        // it now rather than run unprotected.
+        void watchdog.exited.then((how) => {
+          if (stopped !== undefined || !groupAlive(pid)) return;
+          stopped = "watchdog";
+          say(`the watchdog died (${how}): stopping the command`);
+          stop();
+        });
       }
-      let lost = false;
       const onLost = () => {
         if (forwarded !== undefined || pid === undefined) return;
-        lost = true;
+        if (stopped !== undefined) return;
+        stopped = "lost";
         say(
           `lost '${a.key}' (${
             (lease.signal.reason as Error)?.message ?? "lease ended"
           }): stopping the command`,
         );
-        killGroup(pid, "SIGTERM");
-        setTimeout(() => {
-          if (groupAlive(pid)) killGroup(pid, "SIGKILL");
-        }, killAfter).unref?.();
+        stop();
       };
       lease.signal.addEventListener("abort", onLost, { once: true });
       let code = await exited;
+      const own = stopped === undefined ? code : undefined;
       lease.signal.removeEventListener("abort", onLost);
       // What it started may outlive it: stop the rest of its group.
       if (pid !== undefined && groupAlive(pid)) {
@@ -443,20 +571,29 @@ async function run(a: Args): Promise<number> {
         if (groupAlive(pid)) killGroup(pid, "SIGKILL");
       }
       clearInterval(tick);
-      watchdog?.stdin?.end("done\n");
+      watchdog.send("done");
       // The watchdog may have stopped the command at the deadline a moment
       // before our own abort handler ran: the lease ended either way.
       if (
-        lost ||
-        (forwarded === undefined &&
+        stopped === "lost" ||
+        (forwarded === undefined && stopped === undefined &&
           (lease.signal.aborted || performance.now() >= lease.deadline))
-      ) code = EXIT.LOST;
+      ) {
+        code = a.lostStatus;
+      } else if (stopped === "watchdog") {
+        code = EXIT.NO_WATCHDOG;
+      } else if (own === a.lostStatus) {
+        say(
+          `the command itself exited ${own}, the --lost-status; the lease was held until it ended`,
+        );
+      }
       return code;
     }, { wait: true, signal: waiting.signal });
   } catch (err) {
     if (waiting.signal.aborted) {
       status = 128 + osSignal(forwarded ?? "SIGINT");
     } else {
+      watchdog.send("done");
       await leases.close().catch(() => {});
       await nc.close().catch(() => {});
       throw err;
@@ -465,6 +602,7 @@ async function run(a: Args): Promise<number> {
     process.off("SIGINT", onInt);
     process.off("SIGTERM", onTerm);
   }
+  watchdog.send("done");
   const { unreleased } = await leases.close();
   if (unreleased.length > 0) {
     say(`'${a.key}' could not be released cleanly: it expires after the TTL`);

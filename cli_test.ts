@@ -28,10 +28,14 @@ interface Run {
 }
 
 /** Starts `lease ARGS` under this test's runtime. */
-function lease(args: string[], env: Record<string, string> = {}): Run {
+function lease(
+  args: string[],
+  env: Record<string, string> = {},
+  cli = CLI,
+): Run {
   const [cmd, pre] = "Deno" in globalThis
-    ? [process.execPath, ["run", "-A", CLI]]
-    : [process.execPath, [CLI]];
+    ? [process.execPath, ["run", "-A", cli]]
+    : [process.execPath, [cli]];
   const all: Record<string, string | undefined> = { ...process.env, ...env };
   delete all.NODE_TEST_CONTEXT;
   const child = spawn(cmd, [...pre, ...args], {
@@ -129,6 +133,18 @@ describe("the lease command", () => {
     runs.push(r);
     return r;
   };
+  /** `lease release KEY --node NODE` on this file's bucket. */
+  const evict = (key: string, node: string) =>
+    lease([
+      "release",
+      key,
+      "--servers",
+      ns.url,
+      "--bucket",
+      "cli",
+      "--node",
+      node,
+    ]);
   const common = (key: string, node: string) => [
     "run",
     key,
@@ -197,7 +213,7 @@ describe("the lease command", () => {
     assert.match(help.out(), /LEASE_EPOCH/);
   });
 
-  test("two lease run on one key: never at once, the second starts within 100 ms of the first's exit, epochs grow, exit statuses pass through", async () => {
+  test("two lease run on one key: never at once, the second starts when the first's command exits, without waiting out the TTL or a grace, epochs grow, exit statuses pass through", async () => {
     const file = path.join(tmp, "two");
     const key = uniq("two");
     const a = start([...common(key, "a"), "--", ...stamped(file, "sleep 0.6")]);
@@ -218,7 +234,13 @@ describe("the lease command", () => {
     ]);
     const handover = s[2]!.ms - s[1]!.ms;
     console.log(`  [figures] lease run handover: ${handover} ms`);
-    assert.ok(handover >= 0 && handover < 100, `${handover} ms`);
+    // Never at once (safety, strict): b's command starts after a's ended.
+    // And at once (a clean release): waiting for a's entry to expire would
+    // take at least 2/3 TTL (a renewed every TTL/3), a grace a TTL more, so
+    // anything below TTL/2 proves neither happened; the rest is for two
+    // processes and their shells on a loaded machine. How fast a handover
+    // is, is measured in bench/ (row 5).
+    assert.ok(handover >= 0 && handover < TTL / 2, `${handover} ms`);
     assert.ok(s[2]!.epoch > s[0]!.epoch);
     const h = lease([
       "holder",
@@ -301,7 +323,12 @@ describe("the lease command", () => {
         } ms (TTL ${TTL})`,
       );
       // Gone by the lease's deadline (at most a TTL after the pause, the
-      // last renewal being before it) plus the SIGTERM-to-SIGKILL time.
+      // last renewal being before it) plus the SIGTERM-to-SIGKILL time: the
+      // watchdog's promise, kept strict. The 300 ms are for the watchdog's
+      // timer (it learns the deadline through a pipe) and this test's
+      // polling with pgrep on a loaded machine; the commands here die at
+      // SIGTERM, so KILL_AFTER is spare too. A watchdog that missed the
+      // deadline would leave them running for 30 s.
       assert.ok(goneAfter <= TTL + KILL_AFTER + 300, `${goneAfter} ms`);
       assert.ok(
         bStart.ms > pausedAt + goneAfter,
@@ -324,29 +351,11 @@ describe("the lease command", () => {
       `trap 'echo TERM >> ${file}' TERM; echo started >> ${file}; while :; do sleep 0.05; done # ${marker}`,
     ]);
     await until(() => fs.existsSync(file), 10_000, "a's command");
-    const wrong = lease([
-      "release",
-      key,
-      "--servers",
-      ns.url,
-      "--bucket",
-      "cli",
-      "--node",
-      "zz",
-    ]);
+    const wrong = evict(key, "zz");
     assert.equal(await wrong.exited, 1, wrong.err());
     assert.match(wrong.err(), /held by a, not by zz/);
     const t0 = Date.now();
-    const ev = lease([
-      "release",
-      key,
-      "--servers",
-      ns.url,
-      "--bucket",
-      "cli",
-      "--node",
-      "a",
-    ]);
+    const ev = evict(key, "a");
     assert.equal(await ev.exited, 0, ev.err());
     assert.equal(await a.exited, 75, a.err());
     const took = a.at() - t0;
@@ -384,16 +393,7 @@ describe("the lease command", () => {
     })();
     try {
       await until(() => guards > 20, 10_000, "the holder's guards");
-      const ev = lease([
-        "release",
-        key,
-        "--servers",
-        ns.url,
-        "--bucket",
-        "cli",
-        "--node",
-        "a",
-      ]);
+      const ev = evict(key, "a");
       const code = await ev.exited;
       console.log(
         `  [figures] lease release against a hammering holder: exit ${code}: ${ev.err().trim()}`,
@@ -448,7 +448,14 @@ describe("the lease command", () => {
     console.log(
       `  [figures] server killed to lease exit: ${stopped} ms (TTL ${TTL})`,
     );
-    assert.ok(stopped <= TTL + KILL_AFTER + 500, `${stopped} ms`);
+    // The command stopped at the lease's deadline (at most a TTL after the
+    // kill) plus the SIGTERM-to-SIGKILL time: the command must not outlive
+    // its lease, so this stays strict. lease then exits after close(),
+    // whose release may wait out its request timeout (TTL/4 by default)
+    // with the server gone. The 500 ms are for a loaded machine; a lease
+    // that waited for the server to come back would never stop the
+    // command.
+    assert.ok(stopped <= TTL + KILL_AFTER + TTL / 4 + 500, `${stopped} ms`);
     assert.equal(alive(marker), 0, "the command is gone");
 
     await own.restart();
@@ -466,6 +473,93 @@ describe("the lease command", () => {
     const code = await b.exited;
     assert.equal(code, 128 + 15, b.err());
     const h = lease(["holder", key, "--servers", own.url]);
+    assert.equal(await h.exited, 0, h.err());
+    assert.match(h.out(), /: none/);
+  });
+
+  test("--lost-status tells a lost lease from a command's own exit status: evicted, lease exits with it; a command that itself exits 75 keeps its 75 and lease says the lease was held; a bad value exits 64", async () => {
+    const bad = lease(["run", "k", "--lost-status", "0", "--", "true"]);
+    assert.equal(await bad.exited, 64, bad.err());
+    assert.match(bad.err(), /--lost-status needs an exit status from 1 to 255/);
+
+    const key = uniq("ls");
+    const own = start([...common(key, "a"), "--", "sh", "-c", "exit 75"]);
+    assert.equal(await own.exited, 75, own.err());
+    assert.match(own.err(), /the command itself exited 75/);
+    assert.doesNotMatch(own.err(), /lost '/);
+
+    const file = path.join(tmp, "ls");
+    const a = start([
+      ...common(key, "a"),
+      "--lost-status",
+      "99",
+      "--",
+      "sh",
+      "-c",
+      `echo started >> ${file}; while :; do sleep 0.05; done`,
+    ]);
+    await until(() => fs.existsSync(file), 10_000, "a's command");
+    const ev = evict(key, "a");
+    assert.equal(await ev.exited, 0, ev.err());
+    assert.equal(await a.exited, 99, a.err());
+    assert.match(a.err(), /lost '/);
+  });
+
+  test("lease run never starts the command without a running watchdog: one that cannot load its module makes it exit 70, say so and leave the key free", async () => {
+    // A copy of the command without cli_watchdog.ts beside it, as when the
+    // watchdog's path does not resolve (a compiled binary, JSR offline).
+    // Inside the repository, so that its imports still resolve.
+    const here = path.dirname(CLI);
+    const dir = fs.mkdtempSync(path.join(here, ".tmp-nowatchdog-"));
+    try {
+      for (const f of ["cli.ts", "lease.ts"]) {
+        fs.copyFileSync(path.join(here, f), path.join(dir, f));
+      }
+      const key = uniq("nw");
+      const file = path.join(tmp, "nw");
+      const r = lease(
+        [...common(key, "a"), "--", "sh", "-c", `echo ran >> ${file}`],
+        {},
+        path.join(dir, "cli.ts"),
+      );
+      assert.equal(await r.exited, 70, r.err());
+      assert.match(r.err(), /the watchdog did not start \(.+\): not running/);
+      assert.equal(fs.existsSync(file), false, "the command ran");
+      const h = lease(["holder", key, "--servers", ns.url, "--bucket", "cli"]);
+      assert.equal(await h.exited, 0, h.err());
+      assert.match(h.out(), /: none/);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("a watchdog that dies while the command runs: lease stops the command, says so, exits 70 and releases the key", async () => {
+    const key = uniq("wd");
+    const marker = `wd-${key}`;
+    const file = path.join(tmp, "wd");
+    const a = start([
+      ...common(key, "a"),
+      "--",
+      "sh",
+      "-c",
+      `echo started >> ${file}; while :; do sleep 0.05; done # ${marker}`,
+    ]);
+    await until(() => fs.existsSync(file), 10_000, "a's command");
+    const dogs = execFileSync("pgrep", [
+      "-P",
+      String(a.child.pid),
+      "-f",
+      "cli_watchdog",
+    ], { encoding: "utf8" }).trim().split("\n").filter(Boolean);
+    assert.equal(dogs.length, 1, `watchdogs: ${dogs.join(" ")}`);
+    process.kill(Number(dogs[0]), "SIGKILL");
+    assert.equal(await a.exited, 70, a.err());
+    assert.match(
+      a.err(),
+      /the watchdog died \(.*SIGKILL.*\): stopping the command/,
+    );
+    assert.equal(alive(marker, a.child.pid), 0, "the command is gone");
+    const h = lease(["holder", key, "--servers", ns.url, "--bucket", "cli"]);
     assert.equal(await h.exited, 0, h.err());
     assert.match(h.out(), /: none/);
   });

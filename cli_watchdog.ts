@@ -3,14 +3,18 @@
  * command's process group when `lease` can no longer vouch for the lease,
  * even if `lease` itself cannot act.
  *
- * `lease` writes a line to our stdin at every tick: how many milliseconds its
+ * `lease` starts us before the command, and starts the command only after we
+ * print "ready" on stdout: a watchdog that cannot load (a module path that
+ * does not resolve, a runtime that cannot start it) never says so, and the
+ * command is never started unprotected. `lease` then writes "pgid N" (the
+ * command's process group) and, at every tick, how many milliseconds its
  * lease is still vouched for. We stop the group (SIGTERM, then SIGKILL after
  * `killAfter` ms) when that time is up without a newer line (`lease` paused
  * by SIGSTOP, or frozen), or at once when our stdin closes without "done"
  * (`lease` killed by SIGKILL). "done" means `lease` stopped the command
- * itself: we exit.
+ * itself: we exit. `lease` in turn watches that we stay alive.
  *
- * Usage (started by cli.ts): `<runtime> cli_watchdog.ts PGID KILL_AFTER_MS`
+ * Usage (started by cli.ts): `<runtime> cli_watchdog.ts KILL_AFTER_MS`
  *
  * @module
  */
@@ -18,16 +22,19 @@
 import process from "node:process";
 import { createInterface } from "node:readline";
 
-const [pgid, killAfter] = process.argv.slice(2).map(Number);
-if (!Number.isInteger(pgid) || pgid! <= 1 || !Number.isFinite(killAfter)) {
+const killAfter = Number(process.argv[2]);
+if (process.argv.length !== 3 || !Number.isFinite(killAfter)) {
   throw new TypeError(
-    `Cannot watch as cli_watchdog.ts needs PGID KILL_AFTER_MS: received ${
+    `Cannot watch as cli_watchdog.ts needs KILL_AFTER_MS: received ${
       JSON.stringify(process.argv.slice(2))
     }`,
   );
 }
+/** The command's process group, once `lease` has started it. */
+let pgid: number | undefined;
 
 function alive(): boolean {
+  if (pgid === undefined) return false;
   try {
     process.kill(-pgid!, 0);
     return true;
@@ -43,12 +50,13 @@ function stop(): void {
   if (stopping) return;
   stopping = true;
   clearTimeout(deadline);
+  if (pgid === undefined) process.exit(0); // no command was started
   try {
     process.kill(-pgid!, "SIGTERM");
   } catch {
     process.exit(0); // already gone
   }
-  const end = performance.now() + killAfter!;
+  const end = performance.now() + killAfter;
   const poll = setInterval(() => {
     if (!alive()) process.exit(0);
     if (performance.now() >= end) {
@@ -66,9 +74,16 @@ function stop(): void {
 const lines = createInterface({ input: process.stdin });
 lines.on("line", (line) => {
   if (line === "done") process.exit(0);
+  const group = /^pgid (\d+)$/.exec(line);
+  if (group) {
+    pgid = Number(group[1]);
+    if (pgid <= 1) process.exit(2);
+    return;
+  }
   const ms = Number(line);
   if (stopping || !Number.isFinite(ms)) return;
   clearTimeout(deadline);
   deadline = setTimeout(stop, Math.max(0, ms));
 });
 lines.on("close", stop);
+process.stdout.write("ready\n");

@@ -667,7 +667,19 @@ describe("wire compatibility with the Go reference (lease.go) on one bucket", ()
         } ms)`,
       );
       const first = await d.waitFor("first write", (e) => e.ev === "start");
-      assert.ok(first.t - took.t < TTL + 500, d.transcript());
+      console.log(
+        `  [figures] Go node after our close(): acquired after ${
+          took.t - closed
+        } ms, first write ${
+          first.t - took.t
+        } ms after that (its grace ${TTL} ms)`,
+      );
+      // lease.go writes once its own grace (one TTL from its Create) is
+      // over, retrying every PAUSE ms: it kept the key it took. Losing it
+      // and taking it again would cost a second grace, so the bound is two
+      // TTLs; how soon after its grace it writes is lease.go's affair, not a
+      // speed this test holds it to.
+      assert.ok(first.t - took.t < 2 * TTL, d.transcript());
       d.signal("SIGTERM");
       await d.finished();
     },
@@ -700,6 +712,8 @@ describe("wire compatibility with the Go reference (lease.go) on one bucket", ()
         waited >= 1.5 * TTL,
         `wrote ${waited} ms after the Go node exited`,
       );
+      // Liveness: the expiry (at most a TTL after the exit, the server up to
+      // ~250 ms late) and our grace; the rest is for a loaded machine.
       assert.ok(
         waited < 2 * TTL + 1000,
         `wrote ${waited} ms after the Go node exited`,

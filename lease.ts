@@ -21,7 +21,27 @@
  * ## Assumptions
  * - Clocks: each process measures time with a monotonic clock whose rate
  *   differs from real time by a small bound (the simulator uses 0.1%); the
- *   grace absorbs that drift over one TTL. Wall clocks do not matter.
+ *   grace absorbs that drift over one TTL. The clients' wall clocks do not
+ *   matter. The server's do: nats-server expires an entry by comparing its
+ *   wall clock with the entry's timestamp, so a forward step of a server's
+ *   clock (a one-off NTP correction) expires entries early, and a successor
+ *   may start inside a live holder's deadline. Slew server clocks; never
+ *   step them forward while leases are held.
+ * - Durability: the server keeps every write it acknowledged. By default
+ *   JetStream acknowledges a write before it reaches the disk and syncs
+ *   every two minutes, so an OS crash, a power failure or a store restored
+ *   from a copy can lose an acknowledged tail. The stream then numbers new
+ *   writes with the lost revisions again. What this breaks, as measured on
+ *   2.15.2 by a review that restored an older copy of the store under
+ *   running managers: a fresh process found the key empty and took it at once
+ *   while the holder, whose acquire was lost, went on writing for 2.5 s;
+ *   a holder's renewal expecting revision 3 was applied on top of the
+ *   successor's entry at revision 3, so both held under epoch 1; with
+ *   `markers: false` the grace kept them apart but epochs still repeated.
+ *   Run the server with `jetstream { sync_interval: always }` (every write
+ *   is synced before it is acknowledged) where leases fence anything that
+ *   matters. This client does not yet detect a lost tail: until it does,
+ *   one is outside the guarantee.
  * - The server: the stream leader applies a compare-and-set atomically
  *   (nats-server 2.9.21+ on replicated streams, checked at start-up where
  *   the client can see the servers); it expires an entry no earlier than

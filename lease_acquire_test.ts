@@ -3,7 +3,9 @@
 // close, lose their connection or are killed (SIGKILL) in a child process.
 // Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
 // picks the server binary. Each test prints the figures it measured.
-import { after, before, describe, test } from "node:test";
+import { after, before, describe } from "node:test";
+// A failed test names the servers' last log lines (test_util/server_logs.ts).
+import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
 import process from "node:process";
@@ -224,6 +226,10 @@ async function campaignThreeProcesses(
     assert.deepEqual(closed.released, ["lead"]);
     const killToLead = second.t - killedAt;
     assert.ok(killToLead >= TTL, `${killToLead} ms`);
+    // Liveness (P5), not speed: the expiry (a TTL after the last renewal,
+    // the server up to 250 ms late) and the grace, with FAILOVER_BOUND for
+    // the waiters' fallback and a loaded machine. How long it takes is
+    // measured in bench/ (row 5).
     assert.ok(killToLead <= 2 * TTL + 250 + FAILOVER_BOUND, `${killToLead} ms`);
     return { killToLead, unleadToLead: third.t - unlead.t };
   } finally {
@@ -309,7 +315,9 @@ describe("waiting for a lease", () => {
           ratio: `${(took / Math.max(bare[2]!, 0.001)).toFixed(1)}x`,
         });
         // One round trip is one message sent (the compare-and-set); the
-        // time only shows no grace was waited, which would take a TTL.
+        // time only shows no grace was waited, which would take a TTL: just
+        // below the TTL is the most generous bound that still tells. How
+        // fast the first write is, is measured in bench/.
         assert.equal(sent, 1, `sent ${sent} messages`);
         assert.ok(took < TTL - 5, `${took} ms`);
       } else {
@@ -392,7 +400,7 @@ describe("waiting for a lease", () => {
   );
 
   for (const how of ["release", "close"] as const) {
-    test(`guard({ wait: true }) writes within 50 ms of the holder's clean ${how}()`, async () => {
+    test(`guard({ wait: true }) writes at once after the holder's clean ${how}(), without waiting for the expiry or a grace`, async () => {
       const bucket = uniq("w");
       const a = await manager({ node: "a", bucket });
       const b = await manager({ node: "b", bucket });
@@ -415,7 +423,16 @@ describe("waiting for a lease", () => {
         fromReturn: wroteAt - t1,
       });
       assert.ok(epochB > epochA);
-      assert.ok(wroteAt - t0 < 50, `wrote ${wroteAt - t0} ms after ${how}()`);
+      // Woken by the release: a waiter whose watch missed it would wait
+      // for its fallback timer, a TTL after the last renewal it saw (at
+      // least 2/3 TTL from now, as the holder renews every TTL/3), and a
+      // release that is not clean would cost a grace of one or two TTLs.
+      // Anything below TTL/2 proves neither happened; how fast the
+      // handover is, is measured in bench/ (row 5).
+      assert.ok(
+        wroteAt - t0 < TTL / 2,
+        `wrote ${wroteAt - t0} ms after ${how}()`,
+      );
     });
   }
 
@@ -487,12 +504,15 @@ describe("waiting for a lease", () => {
         afterRenewal <= 2 * TTL + FAILOVER_BOUND,
         `wrote ${afterRenewal} ms after the last renewal`,
       );
-      // Liveness: the waiter's reads find the expiry within 25 ms, so it
-      // writes within 50 ms of the end of the grace that follows it. (This
-      // test sees the expiry by reading every 10 ms, up to ~12 ms late,
-      // which makes the figure look that much smaller.)
+      // Liveness: the waiter writes one grace after the expiry at most (it
+      // reads every 25 ms once the entry is due, and may take it over on
+      // the stood-still rule even before the server expires it). TTL/4 on
+      // top is for a loaded machine, not a speed target; a waiter that
+      // waited out a second grace would write about 2 TTLs after the expiry.
+      // (This test sees the expiry by reading every 10 ms, up to ~12 ms
+      // late, which makes the figure look that much smaller.)
       assert.ok(
-        wroteAt - expiredAt <= TTL + 50,
+        wroteAt - expiredAt <= TTL + TTL / 4,
         `wrote ${
           wroteAt - expiredAt - TTL
         } ms after the grace that followed the expiry`,
@@ -569,8 +589,14 @@ describe("waiting for a lease", () => {
         });
         assert.ok(epoch > s.epoch!);
         assert.ok(afterMarker >= TTL - 20, `${afterMarker} ms`);
-        // Woken by the marker itself, not by the fallback timer.
-        assert.ok(afterMarker <= TTL + 100, `${afterMarker} ms`);
+        // Woken by the marker itself, not by the fallback timer. The marker
+        // comes at most ~TTL + 300 ms after the kill (the dead holder wrote
+        // every 10 ms); without it the waiter would take the key over only
+        // when the entry it first saw 700 ms after the kill had stood still
+        // for a TTL, then wait the grace: at least 2 TTLs + 700 ms after the
+        // kill, TTL + 400 ms or more after the marker. TTL + 250 ms leaves a
+        // loaded machine 250 ms and still tells the two apart.
+        assert.ok(afterMarker <= TTL + 250, `${afterMarker} ms`);
       } finally {
         kill(c.child.pid!);
         await c.exited;
@@ -633,7 +659,11 @@ describe("waiting for a lease", () => {
     await assert.rejects(waiting, (err) => err === reason);
     const took = performance.now() - t0;
     report("abort of a waiting guard", { rejectAfterAbort: took });
-    assert.ok(took < 20, `${took} ms`);
+    // On the abort itself, not at news of the key: the holder's renewals
+    // wake no waiter, so one that looked at its signal only when woken
+    // would still be waiting. TTL/2 is for a loaded machine, not a speed
+    // target.
+    assert.ok(took < TTL / 2, `${took} ms`);
     await a.release("k");
     await sleep(300);
     assert.equal(wrote, false);
@@ -863,6 +893,8 @@ describe("waiting for a lease", () => {
       assert.equal(won.length, 1);
       assert.ok(won[0]!.epoch > lead.epoch!);
       assert.ok(took >= TTL, `${took} ms`);
+      // Liveness (P5): expiry, the server's lateness and the grace, with
+      // FAILOVER_BOUND for the waiters' fallback and a loaded machine.
       assert.ok(took <= 2 * TTL + 250 + FAILOVER_BOUND, `${took} ms`);
       // Leaving the loop released the key.
       await eventually(
@@ -879,7 +911,11 @@ describe("waiting for a lease", () => {
   test("campaign() in three processes: one leader at a time, growing epochs, a SIGKILLed leader replaced after the grace, a closed one at once", async () => {
     const figures = await campaignThreeProcesses([ns.url], uniq("p"));
     report(`campaign in three processes (TTL ${TTL})`, figures);
-    assert.ok(figures.unleadToLead! < 50, `${figures.unleadToLead} ms`);
+    // The closed leader's successor waited for neither its expiry (at least
+    // 2/3 TTL after the unlead, as it renewed every TTL/3) nor a grace (a
+    // TTL or two): anything below TTL/2 proves that. How fast the handover
+    // is, is measured in bench/ (row 5).
+    assert.ok(figures.unleadToLead! < TTL / 2, `${figures.unleadToLead} ms`);
   });
 
   test("close() stops every waiter, campaign and watch: a child process exits by itself", async () => {
@@ -972,8 +1008,11 @@ describe("campaign on a 3-node cluster", () => {
           });
           assert.ok(epoch > 0);
           if (markersSupported(SERVER_VERSION)) {
-            // One message sent, the compare-and-set; and no grace waited
-            // (a CI run under load took 701 ms for that one round trip).
+            // One message sent, the compare-and-set; and no grace waited,
+            // which would take a TTL: just below it is the most generous
+            // bound that still tells (a CI run under load took 701 ms for
+            // that one round trip). A grace would show in `sent` too: the
+            // key is renewed every TTL/3 while it runs.
             assert.equal(sent, 1, `sent ${sent} messages`);
             assert.ok(took < TTL - 5, `${took} ms`);
           } else assert.ok(took >= TTL - 5, `${took} ms`);
@@ -1004,7 +1043,11 @@ describe("campaign on a 3-node cluster", () => {
     }
     const figures = await campaignThreeProcesses(cluster.urls, bucket);
     report(`campaign in three processes on a cluster, R${replicas}`, figures);
-    // Across nodes the release reaches the others through the routes.
-    assert.ok(figures.unleadToLead! < 100, `${figures.unleadToLead} ms`);
+    // Across nodes the release reaches the others through the routes. The
+    // successor waited for neither the closed leader's expiry (at least 2/3
+    // TTL after the unlead, as it renewed every TTL/3) nor a grace (a TTL or
+    // two): anything below TTL/2 proves that. How fast it is, is measured
+    // in bench/ (a CI run under load took 206 ms).
+    assert.ok(figures.unleadToLead! < TTL / 2, `${figures.unleadToLead} ms`);
   });
 });

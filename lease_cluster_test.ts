@@ -1,7 +1,9 @@
 // The lease manager on a 3-node nats-server cluster: R3 buckets on servers
 // that serialise compare-and-set (2.9.21 and later), and the refusal of
 // replicated buckets on older servers, whose CAS is unsafe there.
-import { after, before, describe, test } from "node:test";
+import { after, before, describe } from "node:test";
+// A failed test names the servers' last log lines (test_util/server_logs.ts).
+import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import process from "node:process";
@@ -308,7 +310,7 @@ describe("lease manager on a 3-node cluster", () => {
     assert.ok(pings >= 2, `${pings} pings`);
   });
 
-  test("R3: close() hands over to a manager on another node within tens of ms", async () => {
+  test("R3: close() hands over to a manager on another node at once, without waiting for the expiry or a grace", async () => {
     const bucket = uniq("r3");
     const a = await createLeaseManager({
       nc: await connTo(0),
@@ -330,8 +332,18 @@ describe("lease manager on a 3-node cluster", () => {
     const t = performance.now();
     const epochB = await guardUntil(b, "k", (l) => l.epoch, 2 * TTL);
     const took = performance.now() - t;
+    console.log(
+      `  [figures] R3 handover after close(), across nodes: ${
+        took.toFixed(1)
+      } ms`,
+    );
     assert.ok(epochB > epochA);
-    assert.ok(took < 150, `handover took ${took.toFixed(1)} ms`);
+    // A clean handover waits for neither the TTL nor the grace: without the
+    // release b would wait for a's entry to expire (a TTL after its last
+    // compare-and-set, sent just before close()) and then a grace, so
+    // anything below TTL/2 proves it. How fast the handover is, is measured
+    // in bench/ (row 5).
+    assert.ok(took < TTL / 2, `handover took ${took.toFixed(1)} ms`);
     await b.close();
   });
 

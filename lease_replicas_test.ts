@@ -5,7 +5,8 @@
 // binaries explicitly, so they run the same whichever server NATS_SERVER_BIN
 // selects, and skip, saying why, when a binary is missing.
 
-import { test } from "node:test";
+// A failed test names the servers' last log lines (test_util/server_logs.ts).
+import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import { connect } from "@nats-io/transport-node";
@@ -89,6 +90,10 @@ async function check(
   const started = performance.now();
   const reason = await unsafeReplicaReason(nc, jsm, stream, timeoutMs);
   const took = performance.now() - started;
+  // Liveness: the check keeps to its budget, whatever the servers answer;
+  // 500 ms on top are for timers firing late on a loaded machine. A check
+  // that spent a budget per request, or waited for set-up's 20 s, would
+  // take far longer.
   assert.ok(
     took < timeoutMs + 500,
     `the check took ${Math.round(took)} ms with a ${timeoutMs} ms budget`,

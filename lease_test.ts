@@ -228,13 +228,23 @@ describe("lease manager on one server", () => {
     const died = performance.now();
     const epochB = await guardUntil(b, "k", (l) => l.epoch, 10 * TTL);
     const took = performance.now() - died;
+    console.log(
+      `  [figures] failover after the holder's connection died: ${
+        took.toFixed(0)
+      } ms (TTL ${TTL} + grace ${TTL})`,
+    );
     assert.ok(epochB > epochA, `epoch ${epochB} after ${epochA}`);
     assert.ok(took >= 2 * TTL * 0.9, `failover after ${took.toFixed(0)} ms`);
+    // Liveness, not speed: a dead holder is replaced within its TTL, the
+    // server's late expiry (up to ~250 ms) and the grace (P5). The 1.5 s on
+    // top are for a loaded CI machine; this catches a failover that takes
+    // seconds longer than that. How long a failover takes is measured in
+    // bench/ (row 5).
     assert.ok(took < 2 * TTL + 1500, `failover after ${took.toFixed(0)} ms`);
     await a.close();
   });
 
-  test("close() releases by compare-and-delete so the successor writes within tens of ms, without grace", async () => {
+  test("close() releases by compare-and-delete so the successor writes at once, without waiting for the expiry or a grace", async () => {
     const bucket = uniq("b");
     const a = await manager({ node: "a", bucket, restartGrace: false });
     const b = await manager({ node: "b", bucket });
@@ -244,8 +254,14 @@ describe("lease manager on one server", () => {
     const closed = performance.now();
     const epochB = await guardUntil(b, "k", (l) => l.epoch, 10 * TTL);
     const took = performance.now() - closed;
+    console.log(`  [figures] handover after close(): ${took.toFixed(1)} ms`);
     assert.ok(epochB > epochA);
-    assert.ok(took < 100, `handover took ${took.toFixed(1)} ms`);
+    // A clean handover waits for neither the TTL nor the grace: without the
+    // release the successor would wait for a's entry to expire (a TTL after
+    // its last compare-and-set, sent just before close()) and an untagged
+    // delete would cost two TTLs of grace, so anything below TTL/2 proves
+    // it. How fast the handover is, is measured in bench/ (row 5).
+    assert.ok(took < TTL / 2, `handover took ${took.toFixed(1)} ms`);
   });
 
   test("close() lets in-flight writes settle before releasing, and later guards reject", async () => {
@@ -320,8 +336,22 @@ describe("lease manager on one server", () => {
       abortedAfter = performance.now() - t;
       reason = signal.reason;
     });
+    console.log(
+      `  [figures] lease signal aborted ${
+        abortedAfter.toFixed(0)
+      } ms after another node overwrote the entry (renewals every ${
+        Math.round(TTL / 3)
+      } ms)`,
+    );
+    // NotHolderError, not the UnavailableError of the deadline: a renewal
+    // found the other holder.
     assert.ok(reason instanceof NotHolderError, String(reason));
-    assert.ok(abortedAfter < TTL / 3 + 200, `aborted after ${abortedAfter} ms`);
+    // The first renewal after the overwrite, due TTL/3 after the guard's
+    // compare-and-set, found it. The next one would come at 2/3 TTL, so a
+    // bound of 2/3 TTL catches a renewal that did not notice (or was not
+    // made) and leaves a loaded machine TTL/3 to answer the one that
+    // counts.
+    assert.ok(abortedAfter < 2 * TTL / 3, `aborted after ${abortedAfter} ms`);
   });
 
   test("guard() passes its own signal on: rejects before the write when already aborted, aborts the lease signal during it", async () => {
@@ -425,9 +455,17 @@ describe("lease manager on one server", () => {
     );
     const epoch = await guardUntil(m, "k", (l) => l.epoch, 10 * TTL);
     const took = performance.now() - t;
+    console.log(
+      `  [figures] takeover of an entry the server did not expire: ${
+        took.toFixed(0)
+      } ms (stood still ${TTL} + grace ${TTL})`,
+    );
     assert.ok(epoch > 1);
     assert.ok(took >= 2 * TTL * 0.95, `took over after ${took.toFixed(0)} ms`);
-    assert.ok(took < 2 * TTL + 500, `took over after ${took.toFixed(0)} ms`);
+    // Liveness: one TTL for the entry to stand still, then one TTL of grace.
+    // Half a TTL on top is for a loaded machine; a takeover that waited the
+    // two-TTL grace of an unexplained gap would take 3 TTLs.
+    assert.ok(took < 2.5 * TTL, `took over after ${took.toFixed(0)} ms`);
   });
 
   test("createLeaseManager() adopts an existing bucket's TTL and names both values on a mismatch", async () => {
@@ -547,8 +585,18 @@ describe("lease manager on one server", () => {
         guards++;
       }
       assert.equal(signal.aborted, false, String(signal.reason));
+      console.log(
+        `  [figures] guards in a loop that never yields: ${guards} in ${
+          1.6 * ttl
+        } ms, the least time left before the deadline ${least.toFixed(0)} ms`,
+      );
+      // Progress, not speed: a loop stuck waiting (for a renewal the loop
+      // never lets run) would make a handful.
       assert.ok(guards > 1000, `${guards} guards`);
-      // Renewed about every TTL/3, not only when the margin ran out.
+      // Renewed about every TTL/3, not only when the margin ran out (which
+      // would leave leaseCheckMargin(ttl), 4 ms). Not a speed bound: a
+      // guard that finds the renewal overdue makes it before its write, so
+      // every write starts with about 2/3 TTL left however slow the answer.
       assert.ok(
         least >= ttl / 2,
         `a write started ${least} ms before the deadline`,
@@ -609,7 +657,17 @@ describe("lease manager on one server", () => {
       assert.ok(refused instanceof NotHolderError, String(refused));
       assert.ok(signal.aborted && signal.reason instanceof NotHolderError);
       assert.ok(writes >= 1, "writes went on until the renewal");
-      assert.ok(noticed <= TTL / 3 + 150, `noticed after ${noticed} ms`);
+      console.log(
+        `  [figures] operator delete noticed with "lease" after ${
+          noticed.toFixed(0)
+        } ms`,
+      );
+      // The first renewal after the delete (due TTL/3 after the last
+      // compare-and-set) noticed it, not a later one (at 2/3 TTL) nor the
+      // guard that takes the CAS path near the deadline (at TTL less the
+      // margin): a bound of 2/3 TTL catches both and leaves a loaded
+      // machine TTL/3 to answer the renewal.
+      assert.ok(noticed < 2 * TTL / 3, `noticed after ${noticed} ms`);
     });
   });
 
@@ -867,8 +925,16 @@ describe("lease manager under server faults", () => {
         called = true;
       }).catch((e) => e);
       const took = performance.now() - t;
+      console.log(
+        `  [figures] guard refused with the server down after ${
+          took.toFixed(0)
+        } ms (request timeout ${TTL / 4} ms)`,
+      );
       assert.ok(err instanceof UnavailableError, String(err));
       assert.equal(called, false);
+      // Liveness: refused within the request timeout (TTL/4 by default),
+      // not left waiting for the reconnection; four times that is for a
+      // loaded machine.
       assert.ok(took < TTL, `refused after ${took.toFixed(0)} ms`);
       await ns.restart();
       const after = await guardUntil(m, "k", (l) => l, 5 * TTL);
@@ -950,7 +1016,10 @@ describe("lease manager under server faults", () => {
         Math.min(...left) >= leaseCheckMargin(TTL),
         `a write started ${Math.min(...left)} ms before the deadline`,
       );
-      // The last confirmed CAS was sent before the pause.
+      // Safety, kept strict: no write starts after the deadline of the last
+      // confirmed CAS, which was sent before the pause, so none starts more
+      // than a TTL after it, however loaded the machine (a late event loop
+      // makes the writes stop sooner, not later).
       assert.ok(last <= TTL, `writes went on for ${last} ms`);
     } finally {
       await ns.resume();
@@ -983,7 +1052,17 @@ describe("lease manager under server faults", () => {
         reason = signal.reason;
       });
       await ns.resume();
+      console.log(
+        `  [figures] lease signal aborted ${
+          after.toFixed(0)
+        } ms into the write with the server paused (TTL ${TTL})`,
+      );
       assert.ok(reason instanceof UnavailableError, String(reason));
+      // Kept strict, as a write may rely on the signal alone to stop: it
+      // aborts at the deadline (a TTL after the compare-and-set, which was
+      // sent before the write began), driven by a timer. The 150 ms are for
+      // that timer firing late on a loaded machine, far inside the TTL of
+      // grace that keeps a successor out.
       assert.ok(after <= TTL + 150, `aborted after ${after.toFixed(0)} ms`);
     } finally {
       await ns.resume();
@@ -1197,7 +1276,11 @@ describe("lease holder in a child process", () => {
     try {
       const epoch = await guardUntil(m, "k", (l) => l.epoch, 10 * TTL);
       const took = performance.now() - killed;
+      console.log(`  [figures] failover after SIGKILL: ${took.toFixed(0)} ms`);
       assert.ok(epoch > s.epoch!);
+      // At least the expiry and the grace (safety); at most those, the
+      // server's late expiry and 1.5 s for a loaded machine (liveness, P5).
+      // How long it takes is measured in bench/ (row 5).
       assert.ok(took >= 1.8 * TTL && took < 2 * TTL + 1500, `${took} ms`);
     } finally {
       await m.close();

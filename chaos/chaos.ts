@@ -6,7 +6,7 @@
  * the history (`check.ts`) and reports. Exits 1 on any violation.
  *
  *     deno run -A chaos/chaos.ts [--seconds 60] [--mode single|cluster] [--seed S]
- *       [--workers 5] [--keys 3] [--ttl 1000] [--slack 750] [--handover 100]
+ *       [--workers 5] [--keys 3] [--ttl 1000] [--slack 750] [--handover TTL/2]
  *       [--faults kind,kind] [--holder-pause MIN,MAX] [--json FILE] [--history FILE]
  *
  * Also under `bun chaos/chaos.ts` and `node chaos/chaos.ts`. The seed fixes
@@ -130,7 +130,10 @@ function parseArgs(argv: string[]): Options {
     keys: 3,
     ttl: 1000,
     slack: 750,
-    handover: 100,
+    // A clean handover must not wait for an expiry or a grace (each at
+    // least 2/3 TTL away here): below TTL/2 proves that. How fast it is
+    // belongs in bench/, not in a pass/fail bound on a loaded CI machine.
+    handover: NaN,
     faults: [],
     json: undefined,
     history: undefined,
@@ -232,6 +235,7 @@ function parseArgs(argv: string[]): Options {
   if (o.broken !== "" && o.broken !== "blind" && o.broken !== "nograce") {
     fail(`--broken must be blind or nograce: received '${o.broken}'`);
   }
+  if (Number.isNaN(o.handover)) o.handover = Math.floor(o.ttl / 2);
   return o;
 }
 

@@ -212,17 +212,62 @@ parse_summary() {
   [[ -n "$passed" && -n "$failed" ]] && echo "$passed $failed ${skipped:-0}"
 }
 
-# Prints the name of each failed test in a runtime's log, one a line.
-failed_test_names() {
+# Prints, for each failed test in a runtime's log, a block:
+#   ===== FAILED: NAME
+#   the error (message first) as the runtime printed it, at most 60 lines
+failure_reports() {
   local runtime="$1" log="$2"
-  case "$runtime" in
+  sed -E 's/\x1b\[[0-9;]*m//g' "$log" | case "$runtime" in
   deno)
-    sed -E 's/\x1b\[[0-9;]*m//g' "$log" |
-      sed -nE 's/^ *(.*) \.\.\. FAILED( \(.*\))?$/\1/p' | sort -u
+    # The "ERRORS" section: "NAME => file:line:col", then the error, until
+    # the next such header or the "FAILURES" list.
+    awk '
+      /^ ERRORS $/ { on = 1; next }
+      /^ FAILURES $/ { on = 0 }
+      !on { next }
+      / => [^ ]+:[0-9]+:[0-9]+$/ { sub(/ => [^ ]+:[0-9]+:[0-9]+$/, ""); print "===== FAILED: " $0; n = 0; next }
+      n++ < 60 { print }
+    '
     ;;
-  bun) sed -nE 's/^\(fail\) (.*) \[[0-9.]+m?s\]$/\1/p' "$log" | sort -u ;;
-  node) sed -nE 's/^ *✖ (.*) \([0-9.]+m?s\)$/\1/p' "$log" | sort -u ;;
+  bun)
+    # bun prints a test error above its "(fail) NAME [time]" line.
+    awk '
+      /^\((pass|skip|todo)\) / { k = 0; next }
+      /^\(fail\) / {
+        name = $0; sub(/^\(fail\) /, "", name); sub(/ \[[0-9.]+m?s\]$/, "", name)
+        print "===== FAILED: " name
+        s = (k > 60) ? k - 60 : 0
+        for (i = s; i < k; i++) print buf[i]
+        k = 0; next
+      }
+      { buf[k++] = $0 }
+    '
+    ;;
+  node)
+    # The "failing tests:" list at the end: "✖ NAME (time)", then the error.
+    awk '
+      /^✖ failing tests:$/ { on = 1; next }
+      !on { next }
+      /^test at / { next }
+      /^✖ / { name = $0; sub(/^✖ /, "", name); sub(/ \([0-9.]+m?s\)$/, "", name); print "===== FAILED: " name; n = 0; next }
+      n++ < 60 { print }
+    '
+    ;;
   esac
+}
+
+# Prints "NAME: first error line" for each failed test in a runtime's log,
+# one a line, from failure_reports.
+failed_test_names() {
+  failure_reports "$1" "$2" | awk '
+    function flush() { if (name != "") print name (why == "" ? "" : ": " why) }
+    /^===== FAILED: / { flush(); name = substr($0, 15); why = ""; next }
+    why == "" && /(Error|error)(\ \[[A-Z_]+\])?: / {
+      why = $0; sub(/^ *(error: )?/, "", why)
+      if (length(why) > 300) why = substr(why, 1, 300) "..."
+    }
+    END { flush() }
+  ' | sort -u
 }
 
 # A test file that starts no nats-server (the simulator's) gives the same
@@ -301,18 +346,17 @@ for runtime in "${runtimes[@]}"; do
     printf '%-5s server %s: %d passed, %d failed, %d skipped (%d s)%s\n' \
       "$runtime" "$version" "$passed" "$failed" "$skipped" "$elapsed" "$note"
     if ((failed > 0)); then
-      if [[ "$runtime" == bun ]] && grep -q '^(fail)' "$log"; then
-        # bun prints a failure's error above its "(fail)" line, not in the
-        # summary at the end, so the tail alone would not say why.
-        echo "----- what bun printed before each failure in $log -----"
-        grep -B 40 '^(fail)' "$log" | head -n 300
-      fi
+      # Each failed test with its error as the runtime printed it (cluster
+      # tests add their servers' last log lines to the error), then the
+      # log's tail, for a run that crashed or was killed without a summary.
+      echo "----- failed tests in $log -----"
+      failure_reports "$runtime" "$log" | head -n 600
       # Named again at the end of the run (and of .ci/run), where a reader
       # of only the last lines of a long log still sees them.
       failed_names+=("$(failed_test_names "$runtime" "$log" |
         sed -E "s/^/failed test: $runtime $version: /")")
       echo "----- tail of $log -----"
-      tail -n 80 "$log"
+      tail -n 40 "$log"
       echo "----- end of $log -----"
     fi
     total_passed=$((total_passed + passed))

@@ -384,6 +384,60 @@ function portOf(urls: unknown): number | undefined {
   return Number(new URL(urls[0]).port);
 }
 
+/** Servers started and not yet disposed, for {@linkcode serverLogs}. */
+const liveServers = new Set<NatsServer>();
+/** Log tails of disposed servers (a test's own `await using` servers are
+ * disposed before its error reaches a wrapper), newest last, with the
+ * {@linkcode serverLogMark} at which each was disposed. */
+const disposedTails: { mark: number; text: string }[] = [];
+let logMark = 0;
+
+function serverTail(s: NatsServer, lines: number): string {
+  const name = /server_name: "([^"]+)"/.exec(readTail(s.configFile))?.[1];
+  const tail = readTail(s.logFile).trimEnd().split("\n").slice(-lines);
+  return `--- ${name ?? "server"} ${s.url} (${s.version}${
+    s.running ? "" : ", not running"
+  }) ---\n${tail.join("\n")}\n`;
+}
+
+/**
+ * A mark to pass to {@linkcode serverLogs}: servers disposed after it are
+ * included there.
+ *
+ * @returns The mark.
+ *
+ * @example
+ * ```ts ignore
+ * const mark = serverLogMark();
+ * ```
+ */
+export function serverLogMark(): number {
+  return ++logMark;
+}
+
+/**
+ * The last `lines` lines of the log of every server of this process that
+ * is still running, or was disposed after `since`, each under a heading
+ * with its name and URL; "" when there is none. What a failed test appends
+ * to its error (see `server_logs.ts`), so that a CI log alone says what the
+ * servers saw.
+ *
+ * @param since A mark from {@linkcode serverLogMark}.
+ * @param lines How many lines of each log.
+ * @returns The tails, or "".
+ *
+ * @example
+ * ```ts ignore
+ * console.error(serverLogs(serverLogMark(), 10));
+ * ```
+ */
+export function serverLogs(since: number, lines = 15): string {
+  return [
+    ...disposedTails.filter((d) => d.mark >= since).map((d) => d.text),
+    ...[...liveServers].map((s) => serverTail(s, lines)),
+  ].join("");
+}
+
 function readTail(file: string): string {
   try {
     const text = fs.readFileSync(file, "utf8");
@@ -503,6 +557,8 @@ export class NatsServer {
     this.#ownsStoreDir = init.ownsStoreDir;
     this.#proc = init.proc;
     this.#options = init.options;
+    liveServers.add(this);
+    liveServers.add(this);
   }
 
   /**
@@ -684,7 +740,10 @@ export class NatsServer {
   async [Symbol.asyncDispose](): Promise<void> {
     if (this.#disposed) return;
     this.#disposed = true;
+    liveServers.delete(this);
     await this.kill();
+    disposedTails.push({ mark: logMark, text: serverTail(this, 15) });
+    if (disposedTails.length > 12) disposedTails.shift();
     fs.rmSync(this.dir, { recursive: true, force: true });
     if (this.#ownsStoreDir) {
       fs.rmSync(this.storeDir, { recursive: true, force: true });
