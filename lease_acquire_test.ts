@@ -3,9 +3,9 @@
 // close, lose their connection or are killed (SIGKILL) in a child process.
 // Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
 // picks the server binary. Each test prints the figures it measured.
-import { after, before, describe } from "node:test";
+import { after, describe } from "node:test";
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
-import { test } from "./test_util/server_logs.ts";
+import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
 import process from "node:process";

@@ -1,9 +1,9 @@
 // The lease manager on a 3-node nats-server cluster: R3 buckets on servers
 // that serialise compare-and-set (2.9.21 and later), and the refusal of
 // replicated buckets on older servers, whose CAS is unsafe there.
-import { after, before, describe } from "node:test";
+import { after, describe } from "node:test";
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
-import { test } from "./test_util/server_logs.ts";
+import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import process from "node:process";

@@ -4,9 +4,9 @@
 // reply is lost, a replica lags, or the bucket disappears. Runs under
 // `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN picks the
 // server binary.
-import { after, before, describe } from "node:test";
+import { after, describe } from "node:test";
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
-import { test } from "./test_util/server_logs.ts";
+import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
 import process from "node:process";

@@ -231,7 +231,11 @@ failure_reports() {
     ;;
   bun)
     # bun prints a test error above its "(fail) NAME [time]" line.
+    # A failing hook is "# Unhandled error between tests", framed by dashes.
     awk '
+      /^# Unhandled error between tests$/ { print "===== FAILED: (an error between tests, e.g. in a before() hook)"; u = 1; d = 0; next }
+      u && /^-+$/ { if (++d == 2) u = 0; next }
+      u { print; next }
       /^\((pass|skip|todo)\) / { k = 0; next }
       /^\(fail\) / {
         name = $0; sub(/^\(fail\) /, "", name); sub(/ \[[0-9.]+m?s\]$/, "", name)
@@ -260,12 +264,16 @@ failure_reports() {
 # one a line, from failure_reports.
 failed_test_names() {
   failure_reports "$1" "$2" | awk '
-    function flush() { if (name != "") print name (why == "" ? "" : ": " why) }
-    /^===== FAILED: / { flush(); name = substr($0, 15); why = ""; next }
+    function flush() {
+      if (why == "") why = first
+      if (name != "") print name (why == "" ? "" : ": " why)
+    }
+    /^===== FAILED: / { flush(); name = substr($0, 15); why = ""; first = ""; next }
     why == "" && /(Error|error)(\ \[[A-Z_]+\])?: / {
       why = $0; sub(/^ *(error: )?/, "", why)
       if (length(why) > 300) why = substr(why, 1, 300) "..."
     }
+    first == "" && name != "" && /[^ ]/ { first = $0; sub(/^ +/, "", first) }
     END { flush() }
   ' | sort -u
 }

@@ -1,9 +1,10 @@
 /**
- * `test` from `node:test`, but a failing test's error also carries the last
- * log lines of every nats-server still running in this process: a CI log
- * then says what the servers saw (an election, a port taken, a restart)
- * next to the assertion that failed. Import it in place of `node:test`'s
- * `test` in files whose tests run clusters or restart servers.
+ * `test` and `before` from `node:test`, but a failing test's (or hook's)
+ * error also carries the last log lines of every nats-server still running
+ * in this process, or stopped during the test: a CI log then says what the
+ * servers saw (an election, a port taken, a restart) next to the assertion
+ * that failed. Import them in place of `node:test`'s in files whose tests
+ * run clusters or restart servers.
  *
  * @example
  * ```ts ignore
@@ -13,7 +14,11 @@
  *
  * @module
  */
-import { test as nodeTest, type TestOptions } from "node:test";
+import {
+  before as nodeBefore,
+  test as nodeTest,
+  type TestOptions,
+} from "node:test";
 import { serverLogMark, serverLogs } from "./nats_server.ts";
 
 type Body = () => void | Promise<void>;
@@ -61,4 +66,14 @@ export function test(name: string, a: Body | Options, b?: Body): void {
   } else {
     nodeTest(name, a, wrap(b ?? (() => {})));
   }
+}
+
+/**
+ * Declares a `before` hook, as `node:test`'s `before(fn)` does; its error,
+ * too, carries the servers' last log lines (a cluster that would not settle).
+ *
+ * @param fn The hook.
+ */
+export function before(fn: Body): void {
+  nodeBefore(wrap(fn));
 }
