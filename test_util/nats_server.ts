@@ -678,7 +678,22 @@ export class NatsServer {
       );
     }
     await this.kill();
-    const { proc } = await launch(this.binary, this.dir, this.#options);
+    // Its ports are fixed now, and while it was down any socket could take
+    // one of them: an outgoing connection's ephemeral source port (the other
+    // servers keep dialling its route port) comes from the same range. Such
+    // a connection is short-lived: try again for a while.
+    let proc: Proc;
+    for (let attempt = 1;; attempt++) {
+      try {
+        ({ proc } = await launch(this.binary, this.dir, this.#options));
+        break;
+      } catch (err) {
+        if (attempt >= 25 || !/address already in use/.test(String(err))) {
+          throw err;
+        }
+        await delay(200);
+      }
+    }
     this.#proc = proc;
     this.#paused = false;
     return this;

@@ -1,5 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import * as net from "node:net";
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
@@ -145,6 +146,24 @@ test("NatsServer.kill() then restart() lets a reconnecting client find the same 
   } finally {
     await nc.close();
   }
+});
+
+test("NatsServer.restart() waits out a socket that took the dead server's port meanwhile", async () => {
+  await using ns = await NatsServer.start();
+  await ns.kill();
+  // What an outgoing connection's ephemeral source port can do by chance.
+  const squatter = net.createServer();
+  await new Promise<void>((resolve, reject) => {
+    squatter.once("error", reject);
+    squatter.listen(ns.port, "127.0.0.1", () => resolve());
+  });
+  const freed = delay(700).then(() =>
+    new Promise<void>((resolve) => squatter.close(() => resolve()))
+  );
+  await ns.restart();
+  await freed;
+  assert.equal(ns.running, true);
+  assert.equal(await canConnect(ns.port), true);
 });
 
 test("NatsServer.pause() freezes the server until resume()", async () => {
