@@ -49,10 +49,17 @@ if (env.LEASE_MODE === "campaign") {
   });
   for await (const lease of leases.campaign(key)) {
     say("lead", { epoch: lease.epoch });
-    await new Promise((r) =>
-      lease.signal.addEventListener("abort", r, { once: true })
+    // The moment the leader is told to stop, taken in the abort event
+    // itself: the manager aborts the signal before it sends the release,
+    // so no successor can lead before it. A time taken later (after the
+    // await) can come after the successor's, when this process is not
+    // scheduled for a while on a loaded machine (a CI run saw that).
+    const told = await new Promise<number>((r) =>
+      lease.signal.addEventListener("abort", () => r(Date.now()), {
+        once: true,
+      })
     );
-    say("unlead", { epoch: lease.epoch });
+    say("unlead", { epoch: lease.epoch, t: told });
   }
 } else if (env.LEASE_MODE === "waitclose") {
   const waiting = leases.guard(key, () => say("start"), { wait: true })
