@@ -567,6 +567,70 @@ describe("the lease command", () => {
     assert.match(h.out(), /: none/);
   });
 
+  test("a worker that escapes the command's process group (setsid) outlives a lost lease, and a store fenced by LEASE_EPOCH refuses it once the next holder wrote", async () => {
+    const key = uniq("esc");
+    const marker = `esc-${key}`;
+    const dir = fs.mkdtempSync(path.join(tmp, "esc-"));
+    // A store that keeps the newest epoch it accepted and refuses older
+    // ones, one write at a time (flock), as a database row would.
+    const write = path.join(dir, "write.sh");
+    fs.writeFileSync(
+      write,
+      `exec 9>"${dir}/lock"; flock 9
+n=$(cat "${dir}/newest" 2>/dev/null || echo 0)
+if [ "$2" -ge "$n" ]; then echo "$2" > "${dir}/newest"; echo "ok $1 $2" >> "${dir}/log"
+else echo "refused $1 $2" >> "${dir}/log"; fi
+`,
+    );
+    const log = () =>
+      fs.existsSync(path.join(dir, "log"))
+        ? fs.readFileSync(path.join(dir, "log"), "utf8").trim().split("\n")
+          .map((l) => l.split(" "))
+        : [];
+    try {
+      const a = start([
+        ...common(key, "a"),
+        "--",
+        "sh",
+        "-c",
+        // The worker leaves the group; the command itself stays until
+        // the lease is lost.
+        `setsid sh -c 'while :; do sh ${write} a "$LEASE_EPOCH"; sleep 0.05; done # ${marker}' & sleep 30`,
+      ]);
+      await until(() => log().length >= 3, 10_000, "the worker's writes");
+      const ev = evict(key, "a");
+      assert.equal(await ev.exited, 0, ev.err());
+      assert.equal(await a.exited, 75, a.err());
+      assert.equal(alive(marker), 1, "the escaped worker is still running");
+      const b = start([
+        ...common(key, "b"),
+        "--",
+        "sh",
+        "-c",
+        `sh ${write} b "$LEASE_EPOCH"; sleep 0.5`,
+      ]);
+      assert.equal(await b.exited, 0, b.err());
+      await sleep(300);
+      const rows = log();
+      const bAt = rows.findIndex((r) => r[0] === "ok" && r[1] === "b");
+      assert.ok(bAt >= 0, JSON.stringify(rows));
+      const later = rows.slice(bAt + 1).filter((r) => r[1] === "a");
+      assert.ok(later.length > 0, "the worker wrote on after b");
+      assert.deepEqual(
+        later.filter((r) => r[0] !== "refused"),
+        [],
+        "every write of the escaped worker after b's is refused",
+      );
+      assert.ok(Number(rows[bAt]![2]) > Number(later[0]![2]));
+    } finally {
+      try {
+        execFileSync("pkill", ["-KILL", "-f", marker]);
+      } catch {
+        // gone
+      }
+    }
+  });
+
   test("lease watch prints the holder, then each change, until interrupted", async () => {
     const key = uniq("w");
     const w = start(["watch", key, "--servers", ns.url, "--bucket", "cli"]);
