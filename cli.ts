@@ -24,6 +24,12 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import {
+  cgroupProcs,
+  makeCgroup,
+  removeCgroup,
+  signalCgroup,
+} from "./cli_cgroup.ts";
+import {
   createLeaseManager,
   type LeaseManager,
   UnavailableError,
@@ -52,6 +58,8 @@ export const EXIT: {
   readonly UNAVAILABLE: 69;
   /** The watchdog of `lease run` did not start, or died: the command was not started, or was stopped. */
   readonly NO_WATCHDOG: 70;
+  /** `lease run --contain`: this machine does not let lease make a cgroup. */
+  readonly NO_CONTAIN: 71;
   /**
    * The lease was lost while the command ran; the command was stopped. The
    * default of `--lost-status`: pick another there if the command itself
@@ -68,6 +76,7 @@ export const EXIT: {
   NO_SERVER: 68,
   UNAVAILABLE: 69,
   NO_WATCHDOG: 70,
+  NO_CONTAIN: 71,
   LOST: 75,
   NOT_HOLDER: 1,
 };
@@ -90,7 +99,7 @@ Options for every subcommand:
 
 'lease <subcommand> --help' says more.`,
   run:
-    `usage: lease run KEY [--servers URL] [--bucket NAME] [--ttl MS] [--node ID] [--kill-after MS] [--lost-status N] -- CMD [ARGS...]
+    `usage: lease run KEY [--servers URL] [--bucket NAME] [--ttl MS] [--node ID] [--kill-after MS] [--lost-status N] [--contain] -- CMD [ARGS...]
 
 Waits for its turn on KEY (a watch, no polling), then runs CMD in a process
 group of its own with LEASE_KEY, LEASE_NODE and LEASE_EPOCH in its
@@ -105,7 +114,7 @@ killed (SIGKILL), and at the lease's deadline when lease is paused (SIGSTOP)
 or frozen; a successor starts only after the TTL and the grace. CMD starts
 only once the watchdog says it is running, and is stopped if it dies (exit
 ${EXIT.NO_WATCHDOG}). A process that leaves CMD's process group (setsid, a double fork)
-is out of reach of both: fence its writes with LEASE_EPOCH.
+is out of reach of both, unless --contain: fence its writes with LEASE_EPOCH.
 
   --ttl MS         lease TTL when the bucket is created (default 15000; an
                    existing bucket's TTL is adopted)
@@ -113,6 +122,9 @@ is out of reach of both: fence its writes with LEASE_EPOCH.
   --kill-after MS  SIGTERM to SIGKILL (default: a quarter of the TTL)
   --lost-status N  exit status when the lease is lost (1-255, default ${EXIT.LOST}):
                    pick one CMD never exits with, to tell the two apart
+  --contain        run CMD in a cgroup (v2) of its own and stop every process
+                   in it, also those that left its process group (Linux,
+                   where lease may make a cgroup; exits ${EXIT.NO_CONTAIN} if it may not)
 
 Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.BAD_DURATION} a bad
 duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
@@ -179,6 +191,7 @@ interface Args {
   node: string;
   killAfter?: number;
   lostStatus: number;
+  contain: boolean;
   json: boolean;
   help: boolean;
   command: string[];
@@ -209,6 +222,7 @@ function parse(argv: string[]): Args {
     bucket: "leases",
     node: `${os.hostname()}-${process.pid}`,
     lostStatus: EXIT.LOST,
+    contain: false,
     json: false,
     help: false,
     command,
@@ -228,6 +242,9 @@ function parse(argv: string[]): Args {
         break;
       case "--json":
         a.json = true;
+        break;
+      case "--contain":
+        a.contain = true;
         break;
       case "--servers":
         a.servers = value().split(",");
@@ -382,10 +399,17 @@ interface Watchdog {
  * when our lease runs out without news from us (we are paused) or our pipe
  * to it closes (we were killed).
  */
-async function startWatchdog(killAfter: number): Promise<Watchdog> {
+async function startWatchdog(
+  killAfter: number,
+  contain: boolean,
+): Promise<Watchdog> {
   const file = import.meta.resolve("./cli_watchdog.ts");
   const script = file.startsWith("file:") ? fileURLToPath(file) : file;
-  const args = "Deno" in globalThis ? ["run", "--allow-run", script] : [script];
+  // Deno lets a program touch /sys (the cgroup of --contain) only with
+  // every permission.
+  const args = "Deno" in globalThis
+    ? ["run", contain ? "--allow-all" : "--allow-run", script]
+    : [script];
   const w = spawn(process.execPath, [...args, String(killAfter)], {
     stdio: ["pipe", "pipe", "pipe"],
     detached: true,
@@ -463,7 +487,7 @@ async function run(a: Args): Promise<number> {
   // The watchdog first, while nothing is held: no command runs without one.
   let watchdog: Watchdog;
   try {
-    watchdog = await startWatchdog(killAfter);
+    watchdog = await startWatchdog(killAfter, a.contain);
   } catch (err) {
     say(
       `the watchdog did not start (${
@@ -473,6 +497,18 @@ async function run(a: Args): Promise<number> {
     await leases.close();
     await nc.close();
     return EXIT.NO_WATCHDOG;
+  }
+  let cgroup: string | undefined;
+  if (a.contain) {
+    try {
+      cgroup = makeCgroup(`lease-${process.pid}-${Date.now()}`);
+    } catch (err) {
+      say(`--contain: ${(err as Error).message}: not running the command`);
+      watchdog.send("done");
+      await leases.close();
+      await nc.close();
+      return EXIT.NO_CONTAIN;
+    }
   }
   const waiting = new AbortController();
   let forwarded: Sig | undefined;
@@ -497,7 +533,17 @@ async function run(a: Args): Promise<number> {
         return EXIT.NO_WATCHDOG;
       }
       say(`holding '${a.key}' as ${a.node}, epoch ${lease.epoch}`);
-      child = spawn(a.command[0]!, a.command.slice(1), {
+      // With --contain the command enters its cgroup before it execs, so
+      // everything it starts is born inside.
+      const [file, args] = cgroup === undefined
+        ? [a.command[0]!, a.command.slice(1)]
+        : ["sh", [
+          "-c",
+          'echo $$ > "$0/cgroup.procs" && exec "$@"',
+          cgroup,
+          ...a.command,
+        ]];
+      child = spawn(file, args, {
         stdio: "inherit",
         detached: true, // a process group of its own, to stop as a whole
         env: {
@@ -521,15 +567,24 @@ async function run(a: Args): Promise<number> {
       const pid = child.pid;
       let tick: ReturnType<typeof setInterval> | undefined;
       let stopped: "lost" | "watchdog" | undefined;
+      // The command's process group, and with --contain its cgroup.
+      const kill = (sig: Sig) => {
+        killGroup(pid!, sig);
+        if (cgroup !== undefined) signalCgroup(cgroup, sig);
+      };
+      const running = () =>
+        groupAlive(pid!) ||
+        (cgroup !== undefined && cgroupProcs(cgroup).length > 0);
       const stop = () => {
-        killGroup(pid!, "SIGTERM");
+        kill("SIGTERM");
         setTimeout(() => {
-          if (groupAlive(pid!)) killGroup(pid!, "SIGKILL");
+          if (running()) kill("SIGKILL");
         }, killAfter).unref?.();
       };
       if (pid !== undefined) {
         // Sent in the tick the command was spawned in, before any await: a
         // lease killed from here on leaves a watchdog that knows the group.
+        if (cgroup !== undefined) watchdog.send(`cgroup ${cgroup}`);
         watchdog.send(`pgid ${pid}`);
         // How long the lease is still vouched for, every tick: if we stop
         // sending (paused), the watchdog stops the command at the deadline.
@@ -540,7 +595,7 @@ async function run(a: Args): Promise<number> {
         // A dead watchdog can no longer stop the command if we freeze: stop
         // it now rather than run unprotected.
         void watchdog.exited.then((how) => {
-          if (stopped !== undefined || !groupAlive(pid)) return;
+          if (stopped !== undefined || !running()) return;
           stopped = "watchdog";
           say(`the watchdog died (${how}): stopping the command`);
           stop();
@@ -561,14 +616,15 @@ async function run(a: Args): Promise<number> {
       let code = await exited;
       const own = stopped === undefined ? code : undefined;
       lease.signal.removeEventListener("abort", onLost);
-      // What it started may outlive it: stop the rest of its group.
-      if (pid !== undefined && groupAlive(pid)) {
-        killGroup(pid, "SIGTERM");
+      // What it started may outlive it: stop the rest of its group (and
+      // of its cgroup).
+      if (pid !== undefined && running()) {
+        kill("SIGTERM");
         const end = performance.now() + killAfter;
-        while (groupAlive(pid) && performance.now() < end) {
+        while (running() && performance.now() < end) {
           await new Promise((r) => setTimeout(r, 20));
         }
-        if (groupAlive(pid)) killGroup(pid, "SIGKILL");
+        if (running()) kill("SIGKILL");
       }
       clearInterval(tick);
       watchdog.send("done");
@@ -603,6 +659,11 @@ async function run(a: Args): Promise<number> {
     process.off("SIGTERM", onTerm);
   }
   watchdog.send("done");
+  if (cgroup !== undefined && !(await removeCgroup(cgroup))) {
+    say(
+      `could not remove the cgroup ${cgroup}: a process in it would not exit`,
+    );
+  }
   const { unreleased } = await leases.close();
   if (unreleased.length > 0) {
     say(`'${a.key}' could not be released cleanly: it expires after the TTL`);

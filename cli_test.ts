@@ -12,6 +12,7 @@ import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { createLeaseManager, NotHolderError } from "./mod.ts";
+import { makeCgroup, removeCgroup } from "./cli_cgroup.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 import { sleep, uniq } from "./test_util/lease_helpers.ts";
 
@@ -105,6 +106,21 @@ function alive(marker: string, except?: number): number {
       .length;
   } catch {
     return 0;
+  }
+}
+
+/**
+ * Whether the process `pidFile` names runs (a zombie does not). Counting
+ * processes by command line is racy: a shell's child between fork and exec
+ * carries the shell's line.
+ */
+function pidRuns(pidFile: string): boolean {
+  try {
+    const pid = fs.readFileSync(pidFile, "utf8").trim();
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    return !/^\d+ \(.*\) Z/.test(stat);
+  } catch {
+    return false;
   }
 }
 
@@ -515,7 +531,7 @@ describe("the lease command", () => {
     const here = path.dirname(CLI);
     const dir = fs.mkdtempSync(path.join(here, ".tmp-nowatchdog-"));
     try {
-      for (const f of ["cli.ts", "lease.ts"]) {
+      for (const f of ["cli.ts", "cli_cgroup.ts", "lease.ts"]) {
         fs.copyFileSync(path.join(here, f), path.join(dir, f));
       }
       const key = uniq("nw");
@@ -595,13 +611,13 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
         "-c",
         // The worker leaves the group; the command itself stays until
         // the lease is lost.
-        `setsid sh -c 'while :; do sh ${write} a "$LEASE_EPOCH"; sleep 0.05; done # ${marker}' & sleep 30`,
+        `setsid sh -c 'echo $$ > ${dir}/pid; while :; do sh ${write} a "$LEASE_EPOCH"; sleep 0.05; done # ${marker}' & sleep 30`,
       ]);
       await until(() => log().length >= 3, 10_000, "the worker's writes");
       const ev = evict(key, "a");
       assert.equal(await ev.exited, 0, ev.err());
       assert.equal(await a.exited, 75, a.err());
-      assert.equal(alive(marker), 1, "the escaped worker is still running");
+      assert.ok(pidRuns(path.join(dir, "pid")), "the escaped worker runs on");
       const b = start([
         ...common(key, "b"),
         "--",
@@ -630,6 +646,74 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
       }
     }
   });
+
+  // Whether this machine lets a process make a cgroup (v2) below its own.
+  const noCgroup = (() => {
+    try {
+      void removeCgroup(makeCgroup(`lease-test-${process.pid}`));
+      return false;
+    } catch (err) {
+      return `this machine does not let lease make a cgroup: ${
+        (err as Error).message
+      }`;
+    }
+  })();
+
+  test(
+    "--contain: a worker that escaped the process group is stopped with the command when the lease is lost, and by the watchdog when lease is killed",
+    {
+      skip: noCgroup,
+    },
+    async () => {
+      for (const how of ["evicted", "kill -9"] as const) {
+        const key = uniq("ct");
+        const marker = `ct-${key}`;
+        const file = path.join(tmp, `ct-${key}`);
+        const a = start([
+          ...common(key, "a"),
+          "--contain",
+          "--",
+          "sh",
+          "-c",
+          `setsid sh -c 'echo $$ > ${file}; while :; do sleep 0.05; done # ${marker}' & sleep 30`,
+        ]);
+        try {
+          await until(() => pidRuns(file), 10_000, "the worker");
+          if (how === "evicted") {
+            const ev = evict(key, "a");
+            assert.equal(await ev.exited, 0, ev.err());
+            assert.equal(await a.exited, 75, a.err());
+            // lease exits once its cgroup is empty, or after kill-after.
+            assert.equal(pidRuns(file), false, "the worker outlived lease");
+          } else {
+            a.child.kill("SIGKILL");
+            await a.exited;
+            await until(
+              () => !pidRuns(file),
+              KILL_AFTER + 2_000,
+              "the watchdog to stop the worker",
+            );
+          }
+        } finally {
+          try {
+            execFileSync("pkill", ["-KILL", "-f", marker]);
+          } catch {
+            // gone, as it should be
+          }
+        }
+      }
+      const bad = lease([
+        "run",
+        "k",
+        "--contain",
+        "--servers",
+        "127.0.0.1:1",
+        "--",
+        "true",
+      ]);
+      assert.equal(await bad.exited, 68, bad.err());
+    },
+  );
 
   test("lease watch prints the holder, then each change, until interrupted", async () => {
     const key = uniq("w");

@@ -6,7 +6,8 @@
  * `lease` starts us before the command, and starts the command only after we
  * print "ready" on stdout: a watchdog that cannot load (a module path that
  * does not resolve, a runtime that cannot start it) never says so, and the
- * command is never started unprotected. `lease` then writes "pgid N" (the
+ * command is never started unprotected. `lease` then writes "cgroup DIR"
+ * (with `--contain`: stopping reaches every process in it), "pgid N" (the
  * command's process group) and, at every tick, how many milliseconds its
  * lease is still vouched for. We stop the group (SIGTERM, then SIGKILL after
  * `killAfter` ms) when that time is up without a newer line (`lease` paused
@@ -21,6 +22,7 @@
 
 import process from "node:process";
 import { createInterface } from "node:readline";
+import { cgroupProcs, removeCgroup, signalCgroup } from "./cli_cgroup.ts";
 
 const killAfter = Number(process.argv[2]);
 if (process.argv.length !== 3 || !Number.isFinite(killAfter)) {
@@ -32,15 +34,33 @@ if (process.argv.length !== 3 || !Number.isFinite(killAfter)) {
 }
 /** The command's process group, once `lease` has started it. */
 let pgid: number | undefined;
+/** With `lease run --contain`: the command's cgroup. */
+let cgroup: string | undefined;
 
 function alive(): boolean {
   if (pgid === undefined) return false;
+  if (cgroup !== undefined && cgroupProcs(cgroup).length > 0) return true;
   try {
     process.kill(-pgid!, 0);
     return true;
   } catch {
     return false;
   }
+}
+
+function kill(signal: "SIGTERM" | "SIGKILL"): void {
+  if (cgroup !== undefined) signalCgroup(cgroup, signal);
+  try {
+    process.kill(-pgid!, signal);
+  } catch {
+    // gone
+  }
+}
+
+/** Exits, after removing the command's (empty) cgroup: `lease` is gone. */
+async function end(): Promise<never> {
+  if (cgroup !== undefined) await removeCgroup(cgroup);
+  process.exit(0);
 }
 
 let stopping = false;
@@ -51,29 +71,27 @@ function stop(): void {
   stopping = true;
   clearTimeout(deadline);
   if (pgid === undefined) process.exit(0); // no command was started
-  try {
-    process.kill(-pgid!, "SIGTERM");
-  } catch {
-    process.exit(0); // already gone
+  if (!alive()) {
+    void end(); // already gone
+    return;
   }
-  const end = performance.now() + killAfter;
+  kill("SIGTERM");
+  const killAt = performance.now() + killAfter;
   const poll = setInterval(() => {
-    if (!alive()) process.exit(0);
-    if (performance.now() >= end) {
-      try {
-        process.kill(-pgid!, "SIGKILL");
-      } catch {
-        // gone meanwhile
-      }
-      clearInterval(poll);
-      process.exit(0);
-    }
+    if (alive() && performance.now() < killAt) return;
+    clearInterval(poll);
+    if (alive()) kill("SIGKILL");
+    void end();
   }, 20);
 }
 
 const lines = createInterface({ input: process.stdin });
 lines.on("line", (line) => {
   if (line === "done") process.exit(0);
+  if (line.startsWith("cgroup ")) {
+    cgroup = line.slice("cgroup ".length);
+    return;
+  }
   const group = /^pgid (\d+)$/.exec(line);
   if (group) {
     pgid = Number(group[1]);
