@@ -132,8 +132,9 @@ async function until(pred: () => boolean, ms: number, what: string) {
   while (!pred()) {
     assert.ok(
       performance.now() < end,
-      `timed out waiting for ${what}; what lease said:\n${
-        started.map((r) => r.err()).join("\n")
+      `timed out waiting for ${what}; the last lines lease said:\n${
+        started.map((r) => r.err()).join("\n").trimEnd().split("\n")
+          .slice(-20).join("\n")
       }`,
     );
     await sleep(10);
