@@ -27,6 +27,11 @@ import process from "node:process";
  * @returns Its directory.
  * @throws {Error} Saying why, when the machine has no cgroup v2 hierarchy
  * or does not let this process make a cgroup there.
+ *
+ * @example
+ * ```ts ignore
+ * const dir = makeCgroup(`lease-${process.pid}`);
+ * ```
  */
 export function makeCgroup(name: string): string {
   let mount: string | undefined;
@@ -62,6 +67,11 @@ export function makeCgroup(name: string): string {
  *
  * @param dir The cgroup's directory.
  * @returns Their pids.
+ *
+ * @example
+ * ```ts ignore
+ * if (cgroupProcs(dir).length === 0) console.log("empty");
+ * ```
  */
 export function cgroupProcs(dir: string): number[] {
   try {
@@ -79,6 +89,11 @@ export function cgroupProcs(dir: string): number[] {
  *
  * @param dir The cgroup's directory.
  * @param signal The signal.
+ *
+ * @example
+ * ```ts ignore
+ * signalCgroup(dir, "SIGTERM");
+ * ```
  */
 export function signalCgroup(
   dir: string,
@@ -108,6 +123,11 @@ export function signalCgroup(
  * @param dir The cgroup's directory.
  * @param ms How long to wait for it to empty.
  * @returns Whether it is gone.
+ *
+ * @example
+ * ```ts ignore
+ * if (!(await removeCgroup(dir))) console.warn(`${dir} is left behind`);
+ * ```
  */
 export async function removeCgroup(dir: string, ms = 1_000): Promise<boolean> {
   const end = performance.now() + ms;
