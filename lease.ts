@@ -50,6 +50,15 @@
  *   delete or a re-created bucket can erase the history this argument
  *   reads (a re-created bucket is detected when seen, see 6). Deleting or
  *   purging a key through the KV API is allowed and costs only time.
+ * - Markers: a stream edit that removes or lowers the marker TTL, and a
+ *   server rolled back to a release without markers, are seen at the next
+ *   decision on an empty key (3), which proves markers afresh; nothing
+ *   else depends on them. What that cannot see is listed in 3: an edit or
+ *   rollback together with a holder's expiry inside one compare-and-set's
+ *   flight, markers removed and restored again around a holder's expiry,
+ *   and a cluster peer rolled back under the same name. So raise or
+ *   restore a marker TTL only when no entry or tombstone of a lease key
+ *   can have expired under the lower setting within the last TTL.
  *
  * ## The safety argument, in one place
  * 1. **Only a compare-and-set authorises a write.** Every guarded write is
@@ -74,11 +83,31 @@
  *    says decides how long the successor waits:
  *    - no entry, or the server's `MaxAge` marker: the holder's deadline has
  *      passed (expiry is never early), so one TTL;
- *    - no entry, on a bucket proven at start-up to keep markers for
- *      `markerLife` (nats-server 2.11.2+): the CAS expecting no entry
- *      succeeds only if no entry or tombstone of the key expired within
- *      that life, and expiry comes at or after the holder's deadline, so
- *      one TTL less the marker's life (none when it lasts a TTL). Assumes
+ *    - no entry, on a bucket whose markers (nats-server 2.11.2+) are
+ *      proven to live `life` when the grace is decided: the CAS expecting
+ *      no entry succeeds only if no entry or tombstone of the key expired
+ *      within that life, and expiry comes at or after the holder's
+ *      deadline, so one TTL less the life (none when it lasts a TTL).
+ *      Start-up's proof only turns this path on: a stream edit can remove
+ *      or shorten the marker TTL, and a server can be rolled back to a
+ *      release without markers, while managers run. So a stream-info
+ *      request leaves right behind the CAS (same flush, shared by the
+ *      acquisitions that send their CAS in the same turn), reads the
+ *      configuration and the servers again (the connected server's
+ *      version when it alone holds the stream, else every peer must be
+ *      one whose version start-up checked), and the grace is decided once
+ *      both are answered: a failed, late or shorter answer leaves the full
+ *      grace, or one TTL less the shorter life. An acquire recognised
+ *      after its reply was lost keeps the full grace. What remains: the
+ *      server handles the two requests apart, so an edit (or rollback)
+ *      and the holder's expiry both between the proof's read and the
+ *      CAS's application (about one round trip) go unseen; markers
+ *      removed or lowered, then restored or raised before the proof is
+ *      read, with the holder's expiry in between and less than the raised
+ *      life before the CAS (it left no marker, or a shorter one, and the
+ *      configuration proves the longer life); and a cluster peer restarted
+ *      on an older release under a name start-up checked, unless the
+ *      stream info read then no longer shows a marker TTL. Assumes
  *      nothing removed a live holder's entry without a marker
  *      (`kv.purge`, a stream purge or message delete);
  *    - a holder's entry that stood still for one TTL of our own time (a
@@ -323,7 +352,11 @@ export interface LeaseManagerOptions {
    * without proof the grace applies as before. When an entry expires the
    * server leaves a marker for the marker's life, and a compare-and-set
    * that expects no entry at all fails while one is there, so its success
-   * proves the last holder's deadline passed at least that long ago.
+   * proves the last holder's deadline passed at least that long ago. As
+   * markers can be removed, shortened or lost to a rolled-back server
+   * while managers run, each such compare-and-set goes out with a
+   * stream-info request (in the same flush: still one round trip) that
+   * proves them again, and the grace is decided on that answer.
    *
    * `false` creates buckets without markers and always waits the grace on
    * an empty key. Choose it when something may remove a lease entry
@@ -911,6 +944,21 @@ export interface Port {
     subject: string,
     onEntry: (e: RawEntry | null) => void,
   ): { stop(): Promise<void> };
+  /**
+   * How long, in ms, the bucket's stream keeps a marker after an entry (or a
+   * tombstone) of a key expires, as the stream's configuration and the
+   * servers serving it show when the request is answered; 0 when that
+   * cannot be proven (no markers, or shorter than a margin; a server that
+   * is too old or was not proven at start-up; an error; no answer within
+   * `timeout`). Never rejects. The request is sent before the call returns,
+   * so one made right after {@linkcode Port.write} goes out with that write
+   * (nats.js flushes both in one socket write).
+   *
+   * Optional: without it, the manager never takes any part of a grace off
+   * on the strength of markers (what start-up proved may have changed
+   * since: a stream edit, a server rolled back).
+   */
+  markerLife?(timeout: number): Promise<number>;
   /** Whether the connection is closed for good. */
   isClosed(): boolean;
   /** Settles when the connection closes for good. */
@@ -1208,11 +1256,13 @@ export interface ManagerSettings {
   /** See {@linkcode LeaseManagerOptions.idleRelease}. */
   idleRelease: number | undefined;
   /**
-   * How long, in ms, the stream leader is proven to keep a marker after
-   * an entry of the key expires or a tombstone of it expires: a
-   * compare-and-set expecting no entry succeeds only that long after the
-   * last holder's deadline. 0: not proven (no markers, or servers that
-   * could not be checked).
+   * How long, in ms, start-up proved the stream leader keeps a marker after
+   * an entry of the key expires or a tombstone of it expires. 0: not proven
+   * (no markers, or servers that could not be checked). It turns on the
+   * fast path for empty keys (a compare-and-set expecting no entry, sent
+   * without reading first) and paces the watches; the grace itself is
+   * shortened only by what {@linkcode Port.markerLife} proves alongside
+   * each such compare-and-set, never by this.
    */
   markerLife: number;
   /** See {@linkcode LeaseManagerOptions.check}; `"cas"` when omitted. */
@@ -1345,6 +1395,8 @@ class Manager implements LeaseManager {
   readonly #closeCtl = new AbortController();
   /** Keys a campaign leads: `idleRelease` leaves them alone. */
   readonly #leading = new Map<string, number>();
+  /** The marker proof the acquisitions sent in this turn share (#markerProof). */
+  #proof: Promise<number> | undefined;
 
   constructor(port: Port, o: ManagerSettings) {
     this.#port = port;
@@ -2078,6 +2130,39 @@ class Manager implements LeaseManager {
     return res;
   }
 
+  /**
+   * The marker life the stream's current configuration and servers prove,
+   * asked for right after an acquiring CAS that expects no entry (so the
+   * request goes out in the same flush) and settling to 0 when unproven
+   * (no answer within the timeout, or a port without
+   * {@linkcode Port.markerLife}). One request serves every acquisition that
+   * sends its CAS before the current turn (this run of code and its
+   * microtasks) ends, so a proof is never one sent a round trip before the
+   * CAS it decides for.
+   */
+  #markerProof(): Promise<number> {
+    const port = this.#port;
+    if (port.markerLife === undefined) return Promise.resolve(0);
+    let p = this.#proof;
+    if (p === undefined) {
+      let asked: Promise<number>;
+      try {
+        asked = port.markerLife(this.#timeout);
+      } catch {
+        asked = Promise.resolve(0);
+      }
+      p = this.#proof = asked.then(
+        (life) => Number.isFinite(life) && life > 0 ? life : 0,
+        () => 0,
+      );
+      const mine = p;
+      queueMicrotask(() => {
+        if (this.#proof === mine) this.#proof = undefined;
+      });
+    }
+    return p;
+  }
+
   async #read(
     subject: string,
     seq: number | undefined,
@@ -2244,15 +2329,22 @@ class Manager implements LeaseManager {
       }
       const unknownPast = this.#restartGrace || st.sawForeign;
       let grace: number;
+      // Whether a marker proof goes out with the CAS (see below).
+      let prove = false;
       if (seen === null) {
         // No entry (in the replica we read). The CAS below expects none
         // on the leader. Without markers, a key never held and one whose
         // holder expired look alike: its deadline has passed, but it may
-        // be paused mid-write. With markers proven to live `markerLife`,
-        // the CAS succeeds only if the last entry or tombstone expired
-        // (never early, and at or after its holder's deadline) more than
-        // `markerLife` ago, so only the rest of the grace is owed.
-        grace = unknownPast ? this.ttl - this.#markerLife : 0;
+        // be paused mid-write, so the full grace.
+        grace = unknownPast ? this.ttl : 0;
+        // With markers that live `life`, the CAS succeeds only if the last
+        // entry or tombstone expired (never early, and at or after its
+        // holder's deadline) more than `life` ago, so only the rest of the
+        // grace is owed. What start-up proved may have changed since (the
+        // stream edited, a server rolled back): the life is proven again
+        // by a request sent with the CAS, and the grace decided once both
+        // are answered.
+        prove = unknownPast && this.#markerLife > 0;
       } else if (seen.kind === "expired") {
         // A marker: a holder's deadline passed recently; the full grace.
         grace = unknownPast ? this.ttl : 0;
@@ -2292,12 +2384,18 @@ class Manager implements LeaseManager {
       // Bounded: an attempt forgotten here that lands after all is taken
       // for another process's entry with our node id (safe, only slower).
       const floor = this.#maxRev;
+      // An attempt recognised later (its reply lost) keeps the full grace:
+      // its marker proof, if any, is not waited for.
       if (st.pending.push({ counter: this.#counter, grace, sent, floor }) > 8) {
         st.pending.shift();
       }
       let res: WriteResult;
+      let proof: Promise<number> | undefined;
       try {
-        res = await this.#write(st, "PUT", expect, msgId);
+        const writing = this.#write(st, "PUT", expect, msgId);
+        // Sent right behind the CAS, in the same flush: one round trip.
+        if (prove) proof = this.#markerProof();
+        res = await writing;
       } catch (err) {
         throw new UnavailableError(
           st.key,
@@ -2308,6 +2406,12 @@ class Manager implements LeaseManager {
       if (!("seq" in res)) {
         st.pending.pop(); // refused, so it never lands
         continue; // the key moved: look again
+      }
+      if (proof !== undefined) {
+        // Markers as they are now, answered about when the CAS was
+        // applied; unproven (0) leaves the full grace.
+        const life = await proof;
+        grace = this.ttl - Math.min(this.ttl, life);
       }
       this.#tookOver(st, res.seq, grace, sent);
       return;
@@ -2925,6 +3029,7 @@ function natsPort(
   direct: boolean,
   created: string,
   silence: number,
+  markers: MarkerProof,
 ): Port {
   // After a request went unanswered, the bucket may have been deleted and
   // re-created meanwhile, and a new stream can number a key's revisions
@@ -3007,6 +3112,7 @@ function natsPort(
     }
     throw err;
   };
+  const apiPrefix = jsm.getOptions().apiPrefix ?? "$JS.API";
   const inbox = replyInbox(nc);
   inbox.retain();
   // A success after an unanswered request counts once the stream is
@@ -3052,6 +3158,27 @@ function natsPort(
     read,
     watch(subject, onEntry) {
       return watchSubject(nc, js, stream, subject, read, onEntry);
+    },
+    markerLife(timeout) {
+      // Without markers proven at start-up the manager never asks.
+      if (markers.life <= 0) return Promise.resolve(0);
+      // A bare request, published before this returns (nats.js's request
+      // does not await first), so it leaves in the compare-and-set's flush.
+      let reply: Promise<Msg>;
+      try {
+        reply = nc.request(`${apiPrefix}.STREAM.INFO.${stream}`, undefined, {
+          timeout,
+        });
+      } catch {
+        return Promise.resolve(0);
+      }
+      return reply.then((msg) => {
+        const info = msg.json<StreamInfo & { error?: ApiError }>();
+        if (info.error !== undefined || typeof info.config !== "object") {
+          return 0;
+        }
+        return currentMarkerLife(info, nc, markers);
+      }).catch(() => 0);
     },
     isClosed: () => nc.isClosed(),
     closed: () => nc.closed(),
@@ -3509,50 +3636,111 @@ function markersVersion(version: string): boolean {
 const MARKER_EARLY_MARGIN = 50;
 
 /**
+ * What start-up proved about markers: how long they live (0: not proven),
+ * and the servers holding the stream whose versions were checked then.
+ */
+interface MarkerProof {
+  life: number;
+  peers: ReadonlySet<string>;
+}
+
+const UNPROVEN: MarkerProof = { life: 0, peers: new Set() };
+
+/**
+ * The marker life a stream's configuration gives: the max age when the
+ * marker TTL is longer (the max-age path, never early), else the marker
+ * TTL in whole seconds less a margin; 0 without markers.
+ */
+function configuredMarkerLife(info: StreamInfo): number {
+  const cfg = info.config as {
+    max_age?: number;
+    subject_delete_marker_ttl?: number;
+  };
+  const markerMs = Math.floor((cfg.subject_delete_marker_ttl ?? 0) / 1e9) *
+    1000;
+  const maxAge = (cfg.max_age ?? 0) / 1e6;
+  if (!(markerMs > 0) || !(maxAge > 0)) return 0;
+  const life = markerMs > maxAge ? maxAge : markerMs - MARKER_EARLY_MARGIN;
+  return life > 0 ? life : 0;
+}
+
+/** The servers stream info names as holding the stream. */
+function streamPeers(info: StreamInfo): string[] {
+  return [
+    info.cluster?.leader,
+    ...(info.cluster?.replicas ?? []).map((r) => r.name),
+  ].filter((name): name is string => typeof name === "string" && name !== "");
+}
+
+/** Whether only the server this connection is on holds the stream. */
+function heldHere(nc: NatsConnection, peers: readonly string[]): boolean {
+  return peers.length === 0 ||
+    (peers.length === 1 && peers[0] === nc.info?.server_name);
+}
+
+/**
  * How long the bucket's stream is proven to keep a marker after an entry
- * (or a tombstone) of a key expires; 0 when that cannot be proven.
+ * (or a tombstone) of a key expires, and the servers checked for it; life
+ * 0 when that cannot be proven.
  *
  * Proof needs both: the stream's configuration (read now, not trusted from
  * creation) asks for markers, and every server that holds the stream runs
  * nats-server 2.11.2 or later (older ones ignore the setting, or expire
- * without a marker in some cases). The life is the max age when the marker
- * TTL is longer (the max-age path, never early), else the marker TTL in
- * whole seconds less a margin. Never rejects: what cannot be proven only
- * costs the grace.
+ * without a marker in some cases). Never rejects: what cannot be proven only
+ * costs the grace. Both can change later (a stream edit, a server rolled
+ * back), so this only turns the fast path on: each grace it may shorten is
+ * decided by {@linkcode currentMarkerLife} again.
  */
 async function provenMarkerLife(
   nc: NatsConnection,
   jsm: JetStreamManager,
   stream: string,
   timeoutMs: number,
-): Promise<number> {
+): Promise<MarkerProof> {
   let info: StreamInfo;
   try {
     info = await within(jsm.streams.info(stream), timeoutMs, "stream info");
   } catch {
-    return 0;
+    return UNPROVEN;
   }
-  const cfg = info.config as {
-    max_age: number;
-    subject_delete_marker_ttl?: number;
-  };
-  const markerMs = Math.floor((cfg.subject_delete_marker_ttl ?? 0) / 1e9) *
-    1000;
-  const maxAge = cfg.max_age / 1e6;
-  if (markerMs <= 0 || maxAge <= 0) return 0;
-  const life = markerMs > maxAge ? maxAge : markerMs - MARKER_EARLY_MARGIN;
-  if (life <= 0) return 0;
-  const peers = [
-    info.cluster?.leader,
-    ...(info.cluster?.replicas ?? []).map((r) => r.name),
-  ].filter((name): name is string => typeof name === "string" && name !== "");
-  const self = nc.info?.server_name;
-  if (peers.length === 0 || (peers.length === 1 && peers[0] === self)) {
+  const life = configuredMarkerLife(info);
+  if (life <= 0) return UNPROVEN;
+  const peers = streamPeers(info);
+  if (heldHere(nc, peers)) {
     // Not clustered, or held by the server we are connected to.
-    return markersVersion(nc.info?.version ?? "") ? life : 0;
+    return markersVersion(nc.info?.version ?? "")
+      ? { life, peers: new Set(peers) }
+      : UNPROVEN;
   }
   const { versions } = await census(nc, [...new Set(peers)], timeoutMs);
-  return peers.every((p) => markersVersion(versions.get(p) ?? "")) ? life : 0;
+  return peers.every((p) => markersVersion(versions.get(p) ?? ""))
+    ? { life, peers: new Set(peers) }
+    : UNPROVEN;
+}
+
+/**
+ * The marker life stream info read just now proves, for a manager whose
+ * start-up proved `proven`: the configuration as it is now (an edit may
+ * have removed or shortened the marker TTL), and the servers as they are
+ * now: the one this connection is on, when it alone holds the stream, must
+ * run 2.11.2 or later by the version it announced on this connection
+ * (after a reconnect, that of the server it reconnected to); otherwise
+ * every server holding the stream must be one whose version start-up
+ * checked. 0 when unproven.
+ */
+function currentMarkerLife(
+  info: StreamInfo,
+  nc: NatsConnection,
+  proven: MarkerProof,
+): number {
+  if (proven.life <= 0) return 0;
+  const life = configuredMarkerLife(info);
+  if (life <= 0) return 0;
+  const peers = streamPeers(info);
+  if (heldHere(nc, peers)) {
+    return markersVersion(nc.info?.version ?? "") ? life : 0;
+  }
+  return peers.every((p) => proven.peers.has(p)) ? life : 0;
 }
 
 /**
@@ -3680,13 +3868,10 @@ export async function createLeaseManager(
       );
     }
   }
+  let markers = UNPROVEN;
   if (o.markers) {
-    o.markerLife = await provenMarkerLife(
-      nc,
-      jsm,
-      `KV_${o.bucket}`,
-      setupTimeout,
-    );
+    markers = await provenMarkerLife(nc, jsm, `KV_${o.bucket}`, setupTimeout);
+    o.markerLife = markers.life;
   }
   const js = jetstream(nc, { timeout: o.timeout });
   const opsJsm = await jetstreamManager(nc, {
@@ -3695,7 +3880,16 @@ export async function createLeaseManager(
   });
   if (o.signal?.aborted) throw abortReason(o.signal);
   return new Manager(
-    natsPort(nc, js, opsJsm, `KV_${o.bucket}`, direct, created!, o.ttl),
+    natsPort(
+      nc,
+      js,
+      opsJsm,
+      `KV_${o.bucket}`,
+      direct,
+      created!,
+      o.ttl,
+      markers,
+    ),
     o,
   );
 }

@@ -11,7 +11,7 @@ import { allowance, check, type History } from "./sim/check.ts";
 import { SimKv } from "./sim/kv.ts";
 import { loadLease } from "./sim/load.ts";
 import { findMutant, MUTANTS, mutate } from "./sim/mutants.ts";
-import type { SimNode } from "./sim/node.ts";
+import { type Network, SimNode } from "./sim/node.ts";
 import { hunt, runBatch } from "./sim/run.ts";
 import { Scheduler, type SimEvent, type Target } from "./sim/scheduler.ts";
 import { Trace } from "./sim/trace.ts";
@@ -102,6 +102,55 @@ describe("SimKv", () => {
       kv.operatorDelete("k");
       await sched.run(sched.now + 1000);
       assert.equal(kv.last(s)?.marker, markers ? "MaxAge" : undefined);
+    }
+  });
+
+  test("SimKv.editMarkers(): removed, standing markers go at once and none follow; lowered to 1 s, markers live that long; rolled back, none follow; the proof says so", async () => {
+    for (const kind of ["remove", "lower", "rollback"] as const) {
+      // Markers of 5 s under a max age of 2 s live the max age.
+      const sched = new Scheduler();
+      const kv = new SimKv(sched, new Trace(false), "b", {
+        maxAge: 2000,
+        markers: true,
+        markerTTL: 5000,
+        late: () => 0,
+        lags: [0],
+      });
+      const [s, s2] = [kv.subject("k"), kv.subject("k2")];
+      kv.write(put(s, 0), "a", 0);
+      await sched.run(1000);
+      kv.write(put(s2, 0), "a", 0); // expires after the change
+      await sched.run(2000);
+      assert.equal(kv.last(s)?.marker, "MaxAge");
+      assert.equal(kv.provenMarkerLife(), 2000);
+      await sched.run(2500);
+      kv.editMarkers(kind);
+      await sched.run(2500);
+      assert.equal(
+        kv.last(s)?.marker,
+        kind === "remove" ? undefined : "MaxAge",
+        `${kind}: the standing marker`,
+      );
+      assert.equal(kv.provenMarkerLife(), kind === "lower" ? 950 : 0);
+      await sched.run(3000); // k2's entry expires
+      assert.equal(
+        kv.last(s)?.marker,
+        kind === "rollback" ? "MaxAge" : undefined,
+        `${kind}: the standing marker, 1 s old`,
+      );
+      assert.equal(
+        kv.last(s2)?.marker,
+        kind === "lower" ? "MaxAge" : undefined,
+        `${kind}: what k2's expiry leaves`,
+      );
+      await sched.run(3999.999);
+      assert.equal(
+        kv.last(s2)?.marker,
+        kind === "lower" ? "MaxAge" : undefined,
+      );
+      await sched.run(4000);
+      assert.equal(kv.last(s), undefined);
+      assert.equal(kv.last(s2), undefined);
     }
   });
 
@@ -233,6 +282,79 @@ describe("check()", () => {
     assert.ok(stale.violations.some((v) => v.property === "P1"));
     assert.ok(stale.violations.some((v) => v.property === "P2"));
   });
+});
+
+describe("the marker proof on the simulated port", () => {
+  // A manager whose start-up proved markers of one TTL takes a never-used
+  // key: at once when the proof sent with its compare-and-set says so; with
+  // the whole grace when the markers were removed since, or when the port
+  // cannot prove them (no Port.markerLife).
+  const net: Network = {
+    delay: () => 1,
+    fate: () => "ok",
+    lateBy: () => 1,
+    timerLate: () => 0,
+    replica: () => 0,
+    freeze: false,
+    timersFirst: false,
+    sent: () => {},
+    replied: () => {},
+    disturbed: () => {},
+  };
+  for (
+    const [what, removed, withOp] of [
+      ["markers as at start-up", false, true],
+      ["markers removed since start-up", true, true],
+      ["a port without markerLife", false, false],
+    ] as const
+  ) {
+    test(
+      `a never-used key with ${what}: ${
+        !removed && withOp ? "written at once" : "the whole grace"
+      }`,
+      async () => {
+        const { sched, kv } = kvAt(true);
+        if (removed) kv.editMarkers("remove");
+        const node = new SimNode(
+          sched,
+          kv,
+          net,
+          new Trace(false),
+          "m1",
+          1,
+          0,
+          lib.BucketGone,
+          1000,
+        );
+        const { markerLife: _, ...bare } = node.port;
+        const m = lib.managerOnPort(withOp ? node.port : bare, {
+          node: "n1",
+          ttl: 1000,
+          timeout: 250,
+          bucket: "b",
+          restartGrace: true,
+          markerLife: 1000,
+          settleTimeout: 1000,
+          idleRelease: undefined,
+          signal: undefined,
+        });
+        const out = m.guard("k", () => "wrote").catch((e: Error) => e);
+        // The guard sends its first request once its microtasks ran.
+        await new Promise((r) => setImmediate(r));
+        await sched.run(100);
+        const r = await out;
+        if (!removed && withOp) assert.equal(r, "wrote");
+        else {
+          assert.ok(
+            r instanceof Error && r.name === "NotHolderError",
+            String(r),
+          );
+          const after = (r as { retryAfter?: number }).retryAfter ?? 0;
+          assert.ok(after > 990, `retry after ${after} ms`);
+        }
+      },
+    );
+  }
 });
 
 describe("runHistory()", () => {

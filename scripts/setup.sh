@@ -2,12 +2,16 @@
 # Installs what the tests need, idempotently, printing one line per step:
 #   - the npm dev dependencies (Deno, Bun, Node 24 and nats.js) in node_modules;
 #   - nats-server $NATS_SERVER_VERSION, built with Go into .tools/bin;
+#   - nats-server $NATS_ROLLBACK_VERSION (the last release before subject
+#     delete markers), built into .tools/bin/nats-server-$NATS_ROLLBACK_VERSION
+#     for the tests that roll a running server back to it;
 #   - Debian's nats-server package (/usr/sbin/nats-server, 2.9.10 on bookworm),
 #     the oldest server the tests run against.
 # Subcommand output goes to a log that is shown only when a step fails.
 set -euo pipefail
 
 NATS_SERVER_VERSION=2.15.2
+NATS_ROLLBACK_VERSION=2.10.22
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -64,6 +68,29 @@ else
   quietly env GOBIN="$root/.tools/bin" \
     go install "github.com/nats-io/nats-server/v2@v$NATS_SERVER_VERSION"
   echo "setup: built $bin ($("$bin" --version))"
+fi
+
+# 2b. nats-server $NATS_ROLLBACK_VERSION as .tools/bin/nats-server-$NATS_ROLLBACK_VERSION
+# (go install names every build nats-server: built in a directory of its own,
+# then moved).
+old=".tools/bin/nats-server-$NATS_ROLLBACK_VERSION"
+if [[ -x "$old" && "$("$old" --version 2>/dev/null)" == "nats-server: v$NATS_ROLLBACK_VERSION" ]]; then
+  echo "setup: $old v$NATS_ROLLBACK_VERSION present"
+else
+  if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+    PATH="/usr/local/go/bin:$PATH"
+  fi
+  if ! command -v go >/dev/null; then
+    echo "setup: FAILED: Go is needed to build nats-server v$NATS_ROLLBACK_VERSION (try 'apt-get install -y golang-go')" >&2
+    exit 1
+  fi
+  build="$(mktemp -d "${TMPDIR:-/tmp}/lease-setup-bin.XXXXXX")"
+  quietly env GOBIN="$build" \
+    go install "github.com/nats-io/nats-server/v2@v$NATS_ROLLBACK_VERSION"
+  mkdir -p .tools/bin
+  mv "$build/nats-server" "$old"
+  rmdir "$build"
+  echo "setup: built $old ($("$old" --version))"
 fi
 
 # 3. Debian's nats-server: the oldest version the tests cover.

@@ -12,8 +12,8 @@
 #   SIM_CI_MUTANTS  most histories per mutant hunt (default 10000, the CI
 #                   budget; 0 skips)
 #   SIM_CI_FOCUS    histories in each mutant focus run on lease.ts (L1:
-#                   lease-checked guards, S1: re-created buckets; default
-#                   3000; 0 skips)
+#                   lease-checked guards, S1: re-created buckets, F3:
+#                   markers changed at run time; default 3000; 0 skips)
 #   SIM_LEASE       the lease module to simulate (default lease.ts)
 set -uo pipefail
 
@@ -64,9 +64,11 @@ cat "$logs"/shard*.log | grep '^sim ' || true
 # 1b. The histories a mutant's focus narrows to, on the real lease.ts: none
 # may fail. L1 (and L2): skew, partitions and deadline-hugging lease-checked
 # guards. S1: a bucket re-created in every history, frequent pauses, one key.
+# F3: markers removed, lowered or rolled back early, holders cut off.
 focus_seeds="${SIM_CI_FOCUS:-3000}"
 if ((focus_seeds > 0)); then
-  for focus in "L1:lease-checked guards" "S1:re-created buckets and pauses"; do
+  for focus in "L1:lease-checked guards" "S1:re-created buckets and pauses" \
+    "F3:markers changed at run time"; do
     id="${focus%%:*}"
     start=$SECONDS
     if "$deno" run -A sim/run.ts --focus "$id" --seeds "$focus_seeds" \

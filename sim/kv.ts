@@ -26,6 +26,15 @@
  *   Expiry is an operation of the log, so a lagging replica expires late.
  * - **Operator** `kv.delete` (an untagged DEL tombstone) and `kv.purge` (a
  *   PURGE tombstone that rolls the key up) on any key, at any time.
+ * - **Marker changes at run time** (nats-kv-facts.md section 11): a stream
+ *   edit that removes the marker TTL (no marker from then on, and the
+ *   markers standing go at once, the worst case), one that lowers it
+ *   (markers from then on live the new life, and standing ones go once
+ *   they are that old), and a rollback to a release without markers (none
+ *   written from then on, the configuration no longer shows them, and the
+ *   server's version is too old; standing markers stay until their max
+ *   age). {@linkcode SimKv.provenMarkerLife} is what a stream-info request
+ *   proves at that moment.
  * - **Bucket deletion** makes every request fail with "stream not found";
  *   re-creating it starts a new stream whose sequences restart at 1.
  *
@@ -75,7 +84,7 @@ export interface KvWrite {
 export interface KvConfig {
   /** The bucket's max age: the lease TTL, ms. */
   readonly maxAge: number;
-  /** Subject delete markers (nats-server 2.11+ with `markerTTL`). */
+  /** Subject delete markers (nats-server 2.11+ with `markerTTL`) at the start. */
   readonly markers: boolean;
   /** The marker TTL asked for, ms (rounded down to whole seconds by the server). */
   readonly markerTTL: number;
@@ -109,6 +118,12 @@ export class SimKv {
   incarnation = 1;
   /** The bucket is deleted (until re-created). */
   gone = false;
+  /** Expiries leave markers now (a fault may turn it off). */
+  markers: boolean;
+  /** The marker TTL the configuration shows now, ms (0: none). */
+  markerTTL: number;
+  /** The server was rolled back to a release without markers. */
+  rolledBack = false;
   #seq = 0;
   /** Operations applied by the leader (the replicas' log position). */
   #ops = 0;
@@ -138,6 +153,8 @@ export class SimKv {
     this.#trace = trace;
     this.bucket = bucket;
     this.cfg = cfg;
+    this.markers = cfg.markers;
+    this.markerTTL = cfg.markers ? cfg.markerTTL : 0;
   }
 
   /** The subject of `key`. */
@@ -150,12 +167,69 @@ export class SimKv {
     return this.gone ? undefined : this.#last.get(subject);
   }
 
-  /** The effective life of a marker: min(marker TTL in whole seconds, max age). */
+  /** The effective life of a marker now: min(marker TTL in whole seconds, max age). */
   get markerLife(): number {
     return Math.min(
-      Math.floor(this.cfg.markerTTL / 1000) * 1000,
+      Math.floor(this.markerTTL / 1000) * 1000,
       this.cfg.maxAge,
     );
+  }
+
+  /**
+   * What a stream-info request answered now proves, as `natsPort` computes
+   * it: the max age when the marker TTL outlasts it, else the marker TTL in
+   * whole seconds less 50 ms; 0 without markers or on a rolled-back server
+   * (its configuration shows none, and its version is too old).
+   */
+  provenMarkerLife(): number {
+    if (this.rolledBack || !this.markers) return 0;
+    const markerMs = Math.floor(this.markerTTL / 1000) * 1000;
+    if (markerMs <= 0) return 0;
+    const life = markerMs > this.cfg.maxAge ? this.cfg.maxAge : markerMs - 50;
+    return Math.max(0, life);
+  }
+
+  /**
+   * Changes the markers at run time: `remove` (a stream edit that drops the
+   * marker TTL), `lower` (an edit to a marker TTL of 1 s), `rollback` (the
+   * server restarted on a release without markers).
+   */
+  editMarkers(kind: "remove" | "lower" | "rollback"): void {
+    if (this.gone || !this.markers) return;
+    const now = this.#sched.now;
+    let cut: number | undefined;
+    if (kind === "lower") {
+      this.markerTTL = Math.min(this.markerTTL, 1000);
+      cut = this.markerLife;
+    } else {
+      this.markers = false;
+      this.markerTTL = 0;
+      if (kind === "rollback") this.rolledBack = true;
+      else cut = 0;
+    }
+    this.#trace.add(
+      now,
+      undefined,
+      "operator",
+      () =>
+        kind === "lower"
+          ? `stream edit: marker TTL lowered to ${this.markerTTL} ms`
+          : kind === "remove"
+          ? "stream edit: marker TTL removed"
+          : "server rolled back to a release without markers",
+    );
+    if (cut === undefined) return;
+    // The markers standing now go once they are `cut` old (at once when
+    // older): the worst a real server might do.
+    const inc = this.incarnation;
+    for (const e of this.#last.values()) {
+      if (e.marker === undefined) continue;
+      this.#sched.at(
+        Math.max(now, e.stamp + cut),
+        () => this.#expire(e, inc),
+        { pure: true },
+      );
+    }
   }
 
   /**
@@ -334,7 +408,7 @@ export class SimKv {
   #expire(e: Stored, inc: number): void {
     if (this.gone || inc !== this.incarnation) return;
     if (this.#last.get(e.subject) !== e) return; // superseded
-    if (this.cfg.markers && e.marker === undefined && e.operation !== "PURGE") {
+    if (this.markers && e.marker === undefined && e.operation !== "PURGE") {
       const m = this.#append(e.subject, {
         operation: undefined,
         marker: "MaxAge",

@@ -29,6 +29,10 @@
  *   request went unanswered, the next successful write is returned only
  *   after a stream-info round trip shows the stream is the incarnation the
  *   manager started on (else `BucketGone`).
+ * - **Marker proof** (`Port.markerLife`): a stream-info request, sent in
+ *   order behind the requests sent before it (so after the compare-and-set
+ *   it follows), answered with the marker life the bucket proves when it
+ *   arrives ({@linkcode SimKv.provenMarkerLife}); 0 when lost or late.
  *
  * @module
  */
@@ -315,7 +319,7 @@ export class SimNode implements Target {
    */
   #request<T>(
     what: "write" | "read",
-    key: string,
+    key: string | undefined,
     timeout: number,
     describe: () => string,
     serve: () => T | Error,
@@ -341,7 +345,7 @@ export class SimNode implements Target {
         return;
       }
       this.#inflight.add(p);
-      this.sends.push({ t: t0, key, what, begun: begun ?? t0 });
+      this.sends.push({ t: t0, key: key ?? "*", what, begun: begun ?? t0 });
       p.timer = this.after(
         () => {
           this.#trace.add(
@@ -371,7 +375,7 @@ export class SimNode implements Target {
         this.label,
         () => `→ ${describe()}${fate === "ok" ? "" : ` [${fate}]`}`,
       );
-      this.#net.sent(this, key, req);
+      this.#net.sent(this, key ?? "*", req);
       if (fate === "lostRequest") return;
       const arrival = Math.max(t0 + this.#net.delay(), this.#lastArrival);
       this.#lastArrival = arrival;
@@ -386,7 +390,7 @@ export class SimNode implements Target {
           if (reply instanceof Error) this.#settle(p, undefined, reply);
           else {
             this.#settle(p, reply);
-            if (what === "write") this.#net.replied(this, key);
+            if (what === "write") this.#net.replied(this, key ?? "*");
           }
         }, { target: this, kind: "io" });
       }, { target: this.#net.freeze ? this : undefined, pure: true });
@@ -568,6 +572,23 @@ export class SimNode implements Target {
         );
       },
       watch: (subject, onEntry) => this.#watch(subject, onEntry),
+      markerLife: (timeout): Promise<number> =>
+        this.#request<number>(
+          "read",
+          undefined,
+          timeout,
+          () => "stream info (marker proof)",
+          () => {
+            const life = kv.gone ? 0 : kv.provenMarkerLife();
+            this.#trace.add(
+              sched.now,
+              undefined,
+              "server",
+              () => `${this.label} stream info: marker life ${life} ms`,
+            );
+            return life;
+          },
+        ).catch(() => 0),
       isClosed: () => this.closed,
       closed: () => this.#closedPromise,
     };

@@ -277,6 +277,17 @@ export function describePlan(p: Plan): string {
       }`,
     );
   }
+  if (p.markerEdit !== undefined) {
+    on.push(
+      `${
+        p.markerEdit === "remove"
+          ? "marker TTL removed"
+          : p.markerEdit === "lower"
+          ? "marker TTL lowered to 1 s"
+          : "server rolled back to a release without markers"
+      } at ${(p.markerEditAt * p.duration).toFixed(0)} ms`,
+    );
+  }
   if (p.recreate) on.push("bucket re-created");
   if (p.connClose) on.push("a connection closes");
   if (p.crash) on.push("a crash");
@@ -315,6 +326,7 @@ const REDUCTIONS: ((p: Plan) => Partial<Plan>)[] = [
   () => ({ idleRelease: undefined }),
   () => ({ blindShare: 0 }),
   () => ({ waitShare: 0 }),
+  () => ({ markerEdit: undefined }),
   () => ({ markers: false }),
   (p) => ({ keys: Math.max(1, p.keys - 1) }),
   (p) => ({ managers: Math.max(2, p.managers - 1) }),

@@ -73,6 +73,11 @@ export interface SimOptions {
   length?: number;
   /** Probability that each fault of the menu is on in a history. @default {0.5} */
   faultChance?: number;
+  /**
+   * Probability that markers change at run time, in the histories with
+   * markers (see {@linkcode Plan.markerEdit}). @default {faultChance}
+   */
+  markerEditChance?: number;
   /** Probability of a bucket deletion and re-creation in a history. @default {0.1} */
   recreateChance?: number;
   /** Probability of a crash-and-replace liveness episode (P5). @default {0.3} */
@@ -110,6 +115,14 @@ export interface Plan {
   /** Subject delete markers on the bucket. */
   markers: boolean;
   markerTTL: number;
+  /**
+   * On a bucket with markers, a change of them while the managers run (at
+   * `markerEditAt` × the history's length): a stream edit that removes the
+   * marker TTL or lowers it to 1 s, or the server rolled back to a release
+   * without markers. Drawn from a stream of its own.
+   */
+  markerEdit: "remove" | "lower" | "rollback" | undefined;
+  markerEditAt: number;
   /** Operations each replica lags ([0] is the leader). */
   lags: number[];
   /** Expiry late by 0-250 ms (else exactly on time). */
@@ -324,6 +337,8 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     leaseShare: 0,
     hugs: 0,
     partitions: 0,
+    markerEdit: undefined,
+    markerEditAt: 0,
   };
   const rw = stream(seed, "waitplan");
   plan.waitShare = rw.chance(0.5) ? rw.between(0.1, 0.6) : 0;
@@ -332,7 +347,14 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
   plan.hugs = rc.chance(0.7) ? rc.between(0.1, 0.5) : 0;
   const rp = stream(seed, "partitionplan");
   plan.partitions = rp.chance(chance) ? rp.between(0.002, 0.02) : 0;
+  const rm = stream(seed, "markerplan");
+  const edit = rm.chance(o.markerEditChance ?? chance);
+  const editKind = rm.pick(["remove", "lower", "rollback"] as const);
+  plan.markerEditAt = rm.between(0.05, 0.8);
+  plan.markerEdit = edit ? editKind : undefined;
   Object.assign(plan, o.override);
+  // Only markers can be removed, lowered or rolled back.
+  if (!plan.markers) plan.markerEdit = undefined;
   // The liveness episode needs a manager that can still act: none made
   // defunct by the bucket or its connection, none giving keys up on its own.
   if (plan.recreate || plan.connClose || plan.idleRelease !== undefined) {
@@ -928,6 +950,13 @@ export async function runHistory(
       }, { pure: true });
     };
     next();
+  }
+
+  if (plan.markerEdit !== undefined) {
+    const kind = plan.markerEdit;
+    sched.at(plan.markerEditAt * plan.duration, () => kv.editMarkers(kind), {
+      pure: true,
+    });
   }
 
   if (plan.recreate) {

@@ -503,10 +503,14 @@ export function resumeProcess(pid: number): Promise<void> {
  * ```
  */
 export class NatsServer {
-  /** The `nats-server` executable this server runs. */
-  readonly binary: string;
+  /** The `nats-server` executable this server runs (a restart may change it). */
+  get binary(): string {
+    return this.#binary;
+  }
   /** Version of {@linkcode NatsServer.binary}, e.g. `"2.15.2"`. */
-  readonly version: string;
+  get version(): string {
+    return this.#version;
+  }
   /** Client port on 127.0.0.1; unchanged across restarts. */
   readonly port: number;
   /** Client URL, `nats://127.0.0.1:PORT`. */
@@ -524,6 +528,8 @@ export class NatsServer {
   /** Path of the file receiving the server's stdout and stderr. */
   readonly logFile: string;
 
+  #binary: string;
+  #version: string;
   #proc: Proc;
   #options: NatsServerOptions;
   #ownsStoreDir: boolean;
@@ -542,8 +548,8 @@ export class NatsServer {
       options: NatsServerOptions;
     },
   ) {
-    this.binary = init.binary;
-    this.version = init.version;
+    this.#binary = init.binary;
+    this.#version = init.version;
     this.port = init.ports.client;
     this.url = `nats://127.0.0.1:${init.ports.client}`;
     this.httpUrl = `http://127.0.0.1:${init.ports.http}`;
@@ -661,21 +667,38 @@ export class NatsServer {
    * clean shutdown. The object is reused: it returns `this` with a new
    * {@linkcode NatsServer.pid}.
    *
+   * @param options `binary`: run another `nats-server` executable from now
+   * on (an upgrade or a rollback on the same store), which
+   * {@linkcode NatsServer.binary} and {@linkcode NatsServer.version} then
+   * name.
    * @returns This server, running again.
-   * @throws {Error} When the server has been disposed, or does not come back
-   * within `startTimeout`.
+   * @throws {Error} When the server has been disposed, `binary` cannot be
+   * run, or the server does not come back within `startTimeout`.
    *
    * @example Crash and restart
    * ```ts ignore
    * await ns.kill();
    * await ns.restart();
    * ```
+   *
+   * @example Roll back to an older release on the same store
+   * ```ts ignore
+   * await ns.stop();
+   * await ns.restart({ binary: ".tools/bin/nats-server-2.10.22" });
+   * console.log(ns.version); // "2.10.22"
+   * ```
    */
-  async restart(): Promise<NatsServer> {
+  async restart(options: { binary?: string } = {}): Promise<NatsServer> {
     if (this.#disposed) {
       throw new Error(
         `Cannot restart nats-server on port ${this.port} as it has been disposed`,
       );
+    }
+    if (options.binary !== undefined) {
+      // Checked before the running server is touched.
+      const version = binaryVersion(options.binary);
+      this.#binary = options.binary;
+      this.#version = version;
     }
     await this.kill();
     // Its ports are fixed now, and while it was down any socket could take
@@ -830,7 +853,12 @@ async function launch(
       ? `it could not be spawned: ${proc.spawnError.message}`
       : `it exited during startup (code ${proc.exitCode}, signal ${proc.exitSignal})`;
 
-  const portsFile = path.join(dir, `nats-server_${proc.pid}.ports`);
+  // Named after the executable's file name (a build kept as
+  // `nats-server-2.10.22` writes `nats-server-2.10.22_<pid>.ports`).
+  const portsFile = path.join(
+    dir,
+    `${path.basename(binary)}_${proc.pid}.ports`,
+  );
   let ports: Ports | undefined;
   while (ports === undefined) {
     if (proc.exited || proc.spawnError !== undefined) {

@@ -1,6 +1,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
 import * as net from "node:net";
+import * as os from "node:os";
+import * as path from "node:path";
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
@@ -145,6 +148,42 @@ test("NatsServer.kill() then restart() lets a reconnecting client find the same 
     assert.equal((await kv.get("k"))?.string(), "v2");
   } finally {
     await nc.close();
+  }
+});
+
+test("NatsServer.restart({ binary }) brings the same store back on another executable, and refuses one that cannot run before stopping the server", async () => {
+  // A copy under another file name (as .tools/bin/nats-server-2.10.22 is
+  // kept): the server names its ports file after it.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "nats-bin-"));
+  const other = path.join(dir, "nats-server-other");
+  fs.copyFileSync(natsServerBinary(), other);
+  fs.chmodSync(other, 0o755);
+  try {
+    await using ns = await NatsServer.start();
+    const nc = await connect({ servers: ns.url, ...reconnecting });
+    try {
+      const kv = await openKv(nc, "rebinary");
+      await kv.put("k", "v1");
+      const pid = ns.pid;
+      await assert.rejects(
+        ns.restart({ binary: path.join(dir, "missing") }),
+        /Cannot run/,
+      );
+      assert.equal(ns.pid, pid, "the running server was left alone");
+      assert.equal(ns.running, true);
+      const reconnected = nextReconnect(nc);
+      await ns.stop();
+      assert.equal(await ns.restart({ binary: other }), ns);
+      assert.equal(ns.binary, other);
+      assert.match(ns.version, /^\d+\.\d+\.\d+/);
+      assert.notEqual(await timeout(reconnected, 10_000), "timeout");
+      const entry = await eventually(() => kv.get("k"));
+      assert.equal(entry?.string(), "v1");
+    } finally {
+      await nc.close();
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
   }
 });
 
