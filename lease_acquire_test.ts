@@ -25,7 +25,7 @@ import {
   type LeaseManagerOptions,
   NotHolderError,
 } from "./mod.ts";
-import { sleep, uniq } from "./test_util/lease_helpers.ts";
+import { eventually, sleep, uniq } from "./test_util/lease_helpers.ts";
 import {
   NatsCluster,
   NatsServer,
@@ -71,19 +71,6 @@ async function consumers(
   bucket: string,
 ): Promise<number> {
   return (await jsm.consumers.list(`KV_${bucket}`).next()).length;
-}
-
-/** Polls `pred` every 10 ms for at most `ms`. */
-async function eventually(
-  pred: () => boolean | Promise<boolean>,
-  ms: number,
-  what: string,
-): Promise<void> {
-  const end = performance.now() + ms;
-  while (!(await pred())) {
-    assert.ok(performance.now() < end, `timed out waiting for ${what}`);
-    await sleep(10);
-  }
 }
 
 // ---------------------------------------------------------------------------

@@ -23,7 +23,12 @@ import { connect } from "@nats-io/transport-node";
 import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { createLeaseManager, type LeaseManager } from "./mod.ts";
-import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
+import {
+  eventually,
+  guardUntil,
+  sleep,
+  uniq,
+} from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 
@@ -69,19 +74,6 @@ function report(what: string, figures: Record<string, number>): void {
     `${k}=${Math.round(v)} ms`
   ).join(", ");
   console.log(`  [figures] ${what}: ${text}`);
-}
-
-/** Polls `pred` every 20 ms for at most `ms`. */
-async function eventually(
-  pred: () => boolean | Promise<boolean>,
-  ms: number,
-  what: string,
-): Promise<void> {
-  const end = performance.now() + ms;
-  while (!(await pred())) {
-    assert.ok(performance.now() < end, `timed out waiting for ${what}`);
-    await sleep(20);
-  }
 }
 
 /** The stream's marker TTL in ns (0: none), as the server reports it now. */

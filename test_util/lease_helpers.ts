@@ -10,6 +10,22 @@ import {
 export const sleep = (ms: number): Promise<void> =>
   new Promise((r) => setTimeout(r, ms));
 
+/** Polls `pred` every `pause` ms until it holds; fails after `ms`. */
+export async function eventually(
+  pred: () => boolean | Promise<boolean>,
+  ms: number,
+  what: string,
+  pause = 10,
+): Promise<void> {
+  const end = performance.now() + ms;
+  while (!(await pred())) {
+    if (performance.now() >= end) {
+      throw new Error(`timed out waiting for ${what}`);
+    }
+    await sleep(pause);
+  }
+}
+
 let seq = 0;
 /** A name no other test in this process uses, for buckets. */
 export const uniq = (prefix: string): string =>
