@@ -538,7 +538,13 @@ export interface WatchOptions {
   signal?: AbortSignal;
 }
 
-/** What {@linkcode LeaseManager.close} did with the keys it held. */
+/**
+ * What {@linkcode LeaseManager.close} did with the keys it still held. A key
+ * already released before `close()` (by {@linkcode LeaseManager.release}, or
+ * by leaving a {@linkcode LeaseManager.campaign} loop) is in neither list:
+ * after a campaign loop, `{ released: [], unreleased: [] }` means nothing
+ * was left to hand on.
+ */
 export interface CloseResult {
   /** Keys released by compare-and-delete: a successor takes them at once. */
   readonly released: readonly string[];

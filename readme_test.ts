@@ -1,30 +1,83 @@
-// The README's quick start, run the way a newcomer runs it: the tarball is
-// built and installed into an empty folder by the README's own command
-// (`bash scripts/pack.sh --install DIR`), the README's `app.ts` block is
-// written there, and two copies run at once under this test's runtime
-// against a real nats-server. The only change to the block is the server
-// address (the test server listens on a random port, not 4222).
+// Every code block of README.md and docs/*.md, run the way a newcomer runs
+// it. Each block is named by the `<!-- block: NAME -->` line above it, and
+// each name has a check below that runs the block as written: a block
+// without a name, or a name without a check, fails the first test. The only
+// changes made to a block are the ones a test needs to run beside other
+// tests: the ports (4222 and 8080) become free random ones, the server's
+// store directory (`.tools/nats-data`), its config file (`.tools/ws.conf`)
+// and the quick start's folder (`../lease-quickstart`) become temporary
+// ones, and the `lease` blocks get the server from NATS_URL.
+//
+// The quick start and the leader-election example run under this test's
+// runtime as the README says (`deno run -A app.js`, `bun app.js`); under
+// `node --test` they run with the machine's own, older Node first on PATH
+// (Debian 12's Node 20 at /usr/bin/node), as a newcomer would. Blocks that
+// run a command whatever the runtime (the demo, `lease`, the fenced store,
+// the edge example) run once, under `node --test`.
 // Runs under `deno test -A`, `bun test` and `node --test`.
-// test.sh: first server only: the README's quick start and the pack script;
-// what differs between servers is covered by the lease tests.
+// test.sh: first server only: the README's commands start their own server.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { type ChildProcess, execFile, spawn } from "node:child_process";
 import * as fs from "node:fs";
+import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
-import { NatsServer } from "./test_util/nats_server.ts";
 
 const root = fileURLToPath(new URL(".", import.meta.url));
-const README = fs.readFileSync(path.join(root, "README.md"), "utf8");
+const runtime = "Deno" in globalThis
+  ? "deno"
+  : "Bun" in globalThis
+  ? "bun"
+  : "node";
 
-/** The README's fenced code blocks, in order. */
-function blocks(lang: string): string[] {
-  return [...README.matchAll(/```(\w+)\n([\s\S]*?)```/g)]
-    .filter((m) => m[1] === lang)
-    .map((m) => m[2]!);
+interface Block {
+  file: string;
+  line: number;
+  name: string | undefined;
+  lang: string;
+  code: string;
+}
+
+/** The fenced code blocks of one Markdown file, with the name above each. */
+function parseBlocks(file: string): Block[] {
+  const lines = fs.readFileSync(path.join(root, file), "utf8").split("\n");
+  const out: Block[] = [];
+  for (let i = 0; i < lines.length; i++) {
+    const open = /^```(\w*)\s*$/.exec(lines[i]!);
+    if (!open) continue;
+    let j = i - 1;
+    while (j >= 0 && lines[j]!.trim() === "") j--;
+    const named = j >= 0 ? /^<!-- block: ([\w-]+) -->$/.exec(lines[j]!) : null;
+    const end = lines.indexOf("```", i + 1);
+    assert.ok(end > i, `${file}:${i + 1}: a code block that never closes`);
+    out.push({
+      file,
+      line: i + 1,
+      name: named?.[1],
+      lang: open[1]!,
+      code: lines.slice(i + 1, end).join("\n") + "\n",
+    });
+    i = end;
+  }
+  return out;
+}
+
+const files = [
+  "README.md",
+  ...fs.readdirSync(path.join(root, "docs"))
+    .filter((f) => f.endsWith(".md"))
+    .sort()
+    .map((f) => `docs/${f}`),
+];
+const blocks = files.flatMap(parseBlocks);
+
+function block(name: string): string {
+  const found = blocks.filter((b) => b.name === name);
+  assert.equal(found.length, 1, `one block named '${name}'`);
+  return found[0]!.code;
 }
 
 interface Done {
@@ -34,6 +87,7 @@ interface Done {
   ms: number;
 }
 
+/** Runs a program to its end, killing it after `timeout` ms. */
 function run(
   file: string,
   args: string[],
@@ -72,31 +126,130 @@ function run(
   });
 }
 
-/** How this runtime runs a TypeScript file, as the README says. */
-function runApp(file: string): [string, string[]] {
-  if ("Deno" in globalThis) return [process.execPath, ["run", "-A", file]];
-  return [process.execPath, [file]];
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const port = (srv.address() as net.AddressInfo).port;
+      srv.close(() => resolve(port));
+    });
+  });
 }
 
-describe("the README's quick start, pasted into an empty folder", () => {
+function canConnect(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = net.connect(port, "127.0.0.1");
+    s.once("connect", () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once("error", () => resolve(false));
+  });
+}
+
+/**
+ * Starts a block that ends in a nats-server running in the foreground, in
+ * a process group of its own, and resolves once `port` accepts
+ * connections.
+ */
+async function startServerBlock(
+  code: string,
+  port: number,
+): Promise<{ child: ChildProcess; log: () => string }> {
+  let log = "";
+  const child = spawn("bash", ["-euo", "pipefail", "-c", code], {
+    cwd: root,
+    detached: true,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  child.stdout!.on("data", (d) => log += d);
+  child.stderr!.on("data", (d) => log += d);
+  const t0 = performance.now();
+  while (!(await canConnect(port))) {
+    assert.equal(child.exitCode, null, `the server block exited:\n${log}`);
+    assert.ok(
+      performance.now() - t0 < 120_000,
+      `the server block did not listen on ${port}:\n${log}`,
+    );
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return { child, log: () => log };
+}
+
+function stopGroup(child: ChildProcess | undefined): Promise<void> {
+  if (!child?.pid || child.exitCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    child.once("exit", () => resolve());
+    try {
+      process.kill(-child.pid!, "SIGTERM");
+    } catch {
+      resolve();
+    }
+  });
+}
+
+/** The machine's own Node when it is older than 24, else undefined. */
+async function olderNode(): Promise<
+  { dir: string; version: string } | undefined
+> {
+  for (const dir of ["/usr/bin", "/usr/local/bin"]) {
+    const bin = path.join(dir, "node");
+    if (!fs.existsSync(bin)) continue;
+    const v = await run(bin, ["--version"], root);
+    const major = Number(/^v(\d+)/.exec(v.stdout)?.[1]);
+    if (v.code === 0 && major < 24) return { dir, version: v.stdout.trim() };
+  }
+  return undefined;
+}
+
+describe("the README's and docs' code blocks, run as written", () => {
   let tmp: string;
-  let ns: NatsServer;
+  let qs: string;
+  let port: number;
+  let server: { child: ChildProcess; log: () => string } | undefined;
   let installed: Done;
+  /** PATH and command for `node X` lines, per this test's runtime. */
+  let env: Record<string, string> = {};
+  let nodeCmd = "node";
+  let nodeSeen = "";
+
+  /** A block with the test's ports, folders and runtime put in. */
+  function local(code: string): string {
+    let out = code
+      .replaceAll("../lease-quickstart", qs)
+      .replaceAll(".tools/nats-data", path.join(tmp, "nats-data"))
+      .replaceAll(".tools/ws.conf", path.join(tmp, "ws.conf"))
+      .replaceAll("4222", String(port));
+    if (runtime !== "node") {
+      out = out.replace(/\bnode (\w+\.js)/g, `${nodeCmd} $1`);
+    }
+    return out;
+  }
 
   before(async () => {
     tmp = fs.mkdtempSync(path.join(os.tmpdir(), "lease-readme-"));
-    ns = await NatsServer.start();
-    // The README's step 2, as written but for the folder.
-    const step = blocks("sh").find((b) => b.includes("scripts/pack.sh"));
-    assert.ok(step, "the README has no pack.sh step");
-    assert.match(step, /^bash scripts\/pack\.sh --install \S+\n$/);
+    qs = path.join(tmp, "lease-quickstart");
+    port = await freePort();
+    if (runtime === "node") {
+      const old = await olderNode();
+      if (old) {
+        env = { PATH: `${old.dir}:${process.env.PATH}` };
+        nodeSeen = `the machine's ${old.version} (${old.dir}/node)`;
+      } else {
+        env = { PATH: `${path.dirname(process.execPath)}:${process.env.PATH}` };
+        nodeSeen = `${process.version}: no Node older than 24 on this machine`;
+      }
+    } else {
+      nodeCmd = runtime === "deno"
+        ? `${JSON.stringify(process.execPath)} run -A`
+        : JSON.stringify(process.execPath);
+      nodeSeen = `${runtime} (${process.execPath})`;
+    }
+    server = await startServerBlock(local(block("quickstart-server")), port);
     installed = await run(
       "bash",
-      [
-        "scripts/pack.sh",
-        "--install",
-        path.join(tmp, "lease-quickstart"),
-      ],
+      ["-euo", "pipefail", "-c", local(block("quickstart-pack"))],
       root,
       { LEASE_SKIP_SETUP: "1" },
       180_000,
@@ -104,15 +257,71 @@ describe("the README's quick start, pasted into an empty folder", () => {
   });
 
   after(async () => {
-    await ns?.[Symbol.asyncDispose]();
+    await stopGroup(server?.child);
     if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+  });
+
+  test("every block is named and checked here, and the README is a front page under 250 lines", () => {
+    const checked = new Set([
+      "first-commands",
+      "test-all",
+      "quickstart-server",
+      "quickstart-pack",
+      "quickstart-app",
+      "quickstart-run",
+      "leader-app",
+      "leader-run",
+      "cron",
+      "cli-two-runs",
+      "fenced",
+      "edge-server",
+      "edge-app",
+      "edge-run",
+    ]);
+    const unnamed = blocks.filter((b) => b.name === undefined)
+      .map((b) => `${b.file}:${b.line}`);
+    assert.deepEqual(unnamed, [], "blocks without a <!-- block: NAME --> line");
+    const names = blocks.map((b) => b.name!);
+    assert.deepEqual(
+      names.filter((n) => !checked.has(n)),
+      [],
+      "blocks this test does not run",
+    );
+    assert.deepEqual(
+      [...checked].filter((n) => !names.includes(n)),
+      [],
+      "checks whose block is gone",
+    );
+    assert.equal(new Set(names).size, names.length, "a name used twice");
+    const lines = fs.readFileSync(path.join(root, "README.md"), "utf8")
+      .split("\n").length - 1;
+    assert.ok(lines < 250, `README.md has ${lines} lines`);
+    for (const f of files.filter((f) => f.startsWith("docs/"))) {
+      assert.ok(
+        fs.readFileSync(path.join(root, "README.md"), "utf8").includes(
+          `](${f}`,
+        ),
+        `the README does not link ${f}`,
+      );
+    }
+  });
+
+  test("the README's two first commands are the demo and the test command .ci/run calls", () => {
+    const commands = block("first-commands").trim().split("\n")
+      .map((l) => l.replace(/\s+#.*$/, ""));
+    assert.deepEqual(commands, [
+      "bash scripts/demo.sh",
+      "bash scripts/test.sh",
+    ]);
+    assert.equal(block("test-all").trim(), "bash scripts/test.sh");
+    const ci = fs.readFileSync(path.join(root, ".ci/run"), "utf8");
+    assert.match(ci, /^bash scripts\/test\.sh /m);
   });
 
   test("scripts/pack.sh --install makes a module project with the package and one copy of @nats-io/nats-core", () => {
     assert.equal(installed.code, 0, installed.stderr);
-    const dir = path.join(tmp, "lease-quickstart");
     const pkg = JSON.parse(
-      fs.readFileSync(path.join(dir, "package.json"), "utf8"),
+      fs.readFileSync(path.join(qs, "package.json"), "utf8"),
     );
     assert.equal(pkg.type, "module");
     assert.ok(pkg.dependencies["@nats-lease/lease"]);
@@ -121,47 +330,203 @@ describe("the README's quick start, pasted into an empty folder", () => {
   });
 
   test(
-    "two copies of the quick start's app.ts: one writes at once, the other waits and writes after it closes, at a higher epoch",
-    {
-      timeout: 90_000,
-    },
+    "the quick start: two copies of app.js, one writes, the other waits for its close() and writes at a higher epoch",
+    { timeout: 90_000 },
     async () => {
       assert.equal(installed.code, 0, installed.stderr);
-      const dir = path.join(tmp, "lease-quickstart");
-      const app = blocks("ts").find((b) =>
-        b.includes('leases.guard("orders"') && b.includes("wait: true")
-      );
-      assert.ok(app, "the README has no quick start app.ts");
-      assert.ok(app.includes('"127.0.0.1:4222"'));
       fs.writeFileSync(
-        path.join(dir, "app.ts"),
-        app.replace('"127.0.0.1:4222"', JSON.stringify(ns.url)),
+        path.join(qs, "app.js"),
+        local(block("quickstart-app")),
       );
-      const [cmd, args] = runApp("app.ts");
-      const [a, b] = await Promise.all([
-        run(cmd, args, dir),
-        run(cmd, args, dir),
-      ]);
-      for (const r of [a, b]) {
-        assert.equal(r.code, 0, `exit ${r.code}\n${r.stdout}\n${r.stderr}`);
-      }
-      const out = `${a.stdout}${b.stdout}`;
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("quickstart-run"))],
+        qs,
+        env,
+      );
+      assert.equal(r.code, 0, `exit ${r.code}\n${r.stdout}\n${r.stderr}`);
       const commits = [
-        ...out.matchAll(/commits to "orders" under epoch (\d+)/g),
-      ]
-        .map((m) => Number(m[1]));
-      const done = [...out.matchAll(/done, epoch (\d+)/g)];
-      assert.equal(commits.length, 2, out);
-      assert.equal(done.length, 2, out);
-      // The one that waited took over after the other's 2 s write and close().
-      const [first, second] = [a, b].sort((x, y) => x.ms - y.ms);
+        ...r.stdout.matchAll(/commits to "orders" under epoch (\d+)/g),
+      ].map((m) => Number(m[1]));
+      assert.equal(commits.length, 2, r.stdout + r.stderr);
+      assert.equal([...r.stdout.matchAll(/done, epoch (\d+)/g)].length, 2);
+      assert.ok(commits[1]! > commits[0]!, r.stdout);
+      // The second waited for the first's 2 s write and took over at once
+      // after its close(): about 4 s in all, not 4 s plus a TTL.
+      assert.ok(r.ms > 3_500, `${r.ms} ms`);
       console.log(
-        `  [figures] quick start: first exits after ${
-          Math.round(first!.ms)
-        } ms, second after ${Math.round(second!.ms)} ms`,
+        `  [figures] quick start under ${nodeSeen}: both done after ${
+          Math.round(r.ms)
+        } ms`,
       );
-      assert.ok(second!.ms - first!.ms > 1_500, `${first!.ms} / ${second!.ms}`);
-      assert.notEqual(commits[0], commits[1]);
+    },
+  );
+
+  test(
+    "leader election: three copies of leader.js stopped by SIGINT two seconds apart, one leader at a time, each handover clean",
+    { timeout: 90_000 },
+    async () => {
+      assert.equal(installed.code, 0, installed.stderr);
+      fs.writeFileSync(
+        path.join(qs, "leader.js"),
+        local(block("leader-app")),
+      );
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("leader-run"))],
+        qs,
+        env,
+      );
+      assert.equal(r.code, 0, `exit ${r.code}\n${r.stdout}\n${r.stderr}`);
+      assert.equal(r.stderr, "", r.stderr);
+      let leader: string | undefined;
+      let lastEpoch = 0;
+      const stopped = new Set<string>();
+      let tenures = 0;
+      for (const line of r.stdout.trim().split("\n")) {
+        const m =
+          /^(node-\w+) (leads "scheduler" under epoch (\d+)|stops leading|stopped)$/
+            .exec(line);
+        assert.ok(m, `unexpected line: ${line}\n${r.stdout}`);
+        const [, node, what, epoch] = m;
+        if (epoch !== undefined) {
+          assert.equal(leader, undefined, `two leaders:\n${r.stdout}`);
+          assert.ok(Number(epoch) > lastEpoch, r.stdout);
+          leader = node;
+          lastEpoch = Number(epoch);
+          tenures++;
+        } else if (what === "stops leading") {
+          assert.equal(node, leader, r.stdout);
+          leader = undefined;
+        } else {
+          assert.notEqual(node, leader, `stopped while leading:\n${r.stdout}`);
+          stopped.add(node!);
+        }
+      }
+      assert.equal(stopped.size, 3, r.stdout);
+      assert.equal(leader, undefined, r.stdout);
+      // The first copy stopped leads or waits; either way at least one
+      // clean handover happens before the last copy stops, unless the
+      // leader was always the last one started.
+      assert.ok(tenures >= 1, r.stdout);
+      console.log(
+        `  [figures] leader election under ${nodeSeen}: ${tenures} tenure(s), ${
+          Math.round(r.ms)
+        } ms in all`,
+      );
+    },
+  );
+
+  test(
+    "lease run: the README's cron line, and the two runs of docs/cli.md, the second waiting for the first",
+    {
+      timeout: 90_000,
+      skip: runtime === "node" ? false : "run once, under node --test",
+    },
+    async () => {
+      // Pasted into another folder of the clone: scripts/ is that clone's.
+      const dir = path.join(tmp, "clone-dir");
+      fs.mkdirSync(dir);
+      fs.symlinkSync(path.join(root, "scripts"), path.join(dir, "scripts"));
+      const nats = { ...env, NATS_URL: `nats://127.0.0.1:${port}` };
+      const cron = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("cron"))],
+        dir,
+        nats,
+      );
+      assert.equal(cron.code, 0, `${cron.stdout}\n${cron.stderr}`);
+      assert.match(
+        fs.readFileSync(path.join(dir, "nightly-report.log"), "utf8"),
+        /^report by \S+, epoch \d+\n$/,
+      );
+      const two = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("cli-two-runs"))],
+        dir,
+        nats,
+      );
+      assert.equal(two.code, 0, `${two.stdout}\n${two.stderr}`);
+      const epochs = [...two.stdout.matchAll(/^report by \S+, epoch (\d+)$/gm)]
+        .map((m) => Number(m[1]));
+      assert.equal(epochs.length, 2, two.stdout + two.stderr);
+      assert.notEqual(epochs[0], epochs[1]);
+      assert.ok(two.ms > 3_500, `the second did not wait: ${two.ms} ms`);
+    },
+  );
+
+  test(
+    "the fenced store: a replaced holder's late write is refused",
+    {
+      timeout: 60_000,
+      skip: runtime === "node" ? false : "run once, under node --test",
+    },
+    async () => {
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("fenced"))],
+        root,
+        env,
+      );
+      assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`);
+      assert.match(r.stdout, /^store {3}rejected node-a's 'a2'/m);
+      assert.match(r.stdout, /^store {3}holds \["a1","b1"\]$/m);
+    },
+  );
+
+  test(
+    "the edge example over WebSocket, on the WebSocket server of docs/runtimes.md",
+    {
+      timeout: 120_000,
+      skip: runtime === "node" ? false : "run once, under node --test",
+    },
+    async () => {
+      const wsPort = await freePort();
+      const wsServerPort = await freePort();
+      const code = (s: string) =>
+        s.replaceAll("8080", String(wsPort))
+          .replaceAll("4222", String(wsServerPort))
+          .replaceAll("../lease-quickstart", qs)
+          .replaceAll(".tools/nats-data", path.join(tmp, "ws-data"))
+          .replaceAll(".tools/ws.conf", path.join(tmp, "ws.conf"));
+      const ws = await startServerBlock(code(block("edge-server")), wsPort);
+      try {
+        fs.writeFileSync(path.join(qs, "edge.js"), code(block("edge-app")));
+        const r = await run(
+          "bash",
+          ["-euo", "pipefail", "-c", code(block("edge-run"))],
+          qs,
+          env,
+          90_000,
+        );
+        assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}\n${ws.log()}`);
+        assert.match(r.stdout, /^wrote "counter" under epoch \d+$/m);
+      } finally {
+        await stopGroup(ws.child);
+      }
+    },
+  );
+
+  test(
+    "the demo, the README's first command",
+    {
+      timeout: 180_000,
+      skip: runtime === "node" ? false : "run once, under node --test",
+    },
+    async () => {
+      const demo = block("first-commands").split("\n")[0]!.replace(
+        /\s+#.*$/,
+        "",
+      );
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", demo],
+        root,
+        { ...env, LEASE_SKIP_SETUP: "1" },
+        150_000,
+      );
+      assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`);
+      assert.match(r.stdout, /epoch/);
     },
   );
 });

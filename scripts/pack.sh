@@ -76,7 +76,7 @@ fs.writeFileSync(
       type: "module",
       exports: { ".": { types: "./mod.d.ts", default: "./mod.js" } },
       files: ["*.js", "*.d.ts", "README.md", "LICENSE"],
-      engines: { node: ">=24" },
+      engines: { node: ">=20" },
       dependencies,
     },
     null,

@@ -290,6 +290,20 @@ for f in "${files[@]}"; do
   fi
 done
 
+# Prints each skipped test in a runtime's log as "NAME<TAB>REASON", one a
+# line. Only node prints the reason given to `skip`; titles of tests skipped
+# for a reason worth knowing carry it too ("[skipped: ...]").
+skipped_names() {
+  local runtime="$1" log="$2"
+  case "$runtime" in
+  deno) sed -nE 's/^ *(.*) \.\.\. ignored \([0-9.]+m?s\)$/\1\t/p' "$log" ;;
+  # bun names a test inside a describe "GROUP > NAME".
+  bun) sed -nE 's/^\(skip\) (.* > )?(.*)$/\2\t/p' "$log" ;;
+  node) sed -nE 's/^ *﹣ (.*) \([0-9.]+m?s\)( # (.*))?$/\1\t\3/p' "$log" |
+    sed -E 's/\tSKIP$/\t/' ;;
+  esac
+}
+
 failed_names=()
 total_passed=0
 total_failed=0
@@ -367,12 +381,30 @@ for runtime in "${runtimes[@]}"; do
       tail -n 40 "$log"
       echo "----- end of $log -----"
     fi
+    skipped_names "$runtime" "$log" |
+      sed "s/^/$runtime\t$version\t/" >>"$logdir/skipped.tsv"
     total_passed=$((total_passed + passed))
     total_failed=$((total_failed + failed))
     total_skipped=$((total_skipped + skipped))
   done
 done
 
+# Which tests were skipped, each once, with its reason and the runs that
+# skipped it.
+if [[ -s "$logdir/skipped.tsv" ]]; then
+  echo "skipped tests (docs/testing.md says why each kind is skipped):"
+  awk -F '\t' '
+    !($3 in runs) { order[++n] = $3; runs[$3] = $1 " " $2; next }
+    { runs[$3] = runs[$3] ", " $1 " " $2 }
+    $4 != "" { why[$3] = $4 }
+    END {
+      for (i = 1; i <= n; i++) {
+        k = order[i]
+        printf "  %s%s  [%s]\n", k, (k in why) ? " (" why[k] ")" : "", runs[k]
+      }
+    }
+  ' "$logdir/skipped.tsv"
+fi
 for names in "${failed_names[@]}"; do
   [[ -n "$names" ]] && printf '%s\n' "$names"
 done
