@@ -1,5 +1,5 @@
-// Every code block of README.md and docs/*.md, run the way a newcomer runs
-// it. Each block is named by the `<!-- block: NAME -->` line above it, and
+// Every code block of README.md, docs/*.md and examples/README.md, run the
+// way a newcomer runs it. Each block is named by the `<!-- block: NAME -->` line above it, and
 // each name has a check below that runs the block as written: a block
 // without a name, or a name without a check, fails the first test. The only
 // changes made to a block are the ones a test needs to run beside other
@@ -71,6 +71,7 @@ const files = [
     .filter((f) => f.endsWith(".md"))
     .sort()
     .map((f) => `docs/${f}`),
+  "examples/README.md",
 ];
 const blocks = files.flatMap(parseBlocks);
 
@@ -277,6 +278,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       "edge-server",
       "edge-app",
       "edge-run",
+      "examples-run",
     ]);
     const unnamed = blocks.filter((b) => b.name === undefined)
       .map((b) => `${b.file}:${b.line}`);
@@ -475,7 +477,7 @@ describe("the README's and docs' code blocks, run as written", () => {
   );
 
   test(
-    "the edge example over WebSocket, on the WebSocket server of docs/runtimes.md",
+    "the edge example over WebSocket, and examples/README.md's deno.ts, on the WebSocket server of docs/runtimes.md",
     {
       timeout: 120_000,
       skip: runtime === "node" ? false : "run once, under node --test",
@@ -501,6 +503,18 @@ describe("the README's and docs' code blocks, run as written", () => {
         );
         assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}\n${ws.log()}`);
         assert.match(r.stdout, /^wrote "counter" under epoch \d+$/m);
+        // examples/README.md runs examples/deno.ts against the same server,
+        // for 2 s instead of 30.
+        const ex = await run(
+          "bash",
+          ["-euo", "pipefail", "-c", code(block("examples-run"))],
+          root,
+          { ...env, RUN_FOR_MS: "2000" },
+          90_000,
+        );
+        assert.equal(ex.code, 0, `${ex.stdout}\n${ex.stderr}`);
+        assert.match(ex.stdout, /\] wrote order #1 at epoch \d+$/m);
+        assert.match(ex.stdout, /\] released 'orders' and closed/);
       } finally {
         await stopGroup(ws.child);
       }
