@@ -1,12 +1,13 @@
 // Every code block of README.md, docs/*.md and examples/README.md, run the
-// way a newcomer runs it. Each block is named by the `<!-- block: NAME -->` line above it, and
-// each name has a check below that runs the block as written: a block
-// without a name, or a name without a check, fails the first test. The only
-// changes made to a block are the ones a test needs to run beside other
-// tests: the ports (4222 and 8080) become free random ones, the server's
-// store directory (`.tools/nats-data`), its config file (`.tools/ws.conf`)
-// and the quick start's folder (`../lease-quickstart`) become temporary
-// ones, and the `lease` blocks get the server from NATS_URL.
+// way a newcomer runs it. Each block is named by the `<!-- block: NAME -->`
+// line above it, and each name has a check below that runs the block as
+// written: a block without a name, or a name without a check, fails the
+// first test. The only changes made to a block are the ones a test needs to
+// run beside other tests: the ports (4222 and 8080) become free random ones,
+// the server's store directory (`.tools/nats-data`), its config file
+// (`.tools/ws.conf`) and the quick start's folder (`../lease-quickstart`)
+// become temporary ones, the `lease` blocks get the server from NATS_URL,
+// and examples/deno.ts runs 2 s (RUN_FOR_MS) instead of 30.
 //
 // The quick start and the leader-election example run under this test's
 // runtime as the README says (`deno run -A app.js`, `bun app.js`); under
