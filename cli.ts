@@ -22,7 +22,7 @@ import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
-import { JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import {
   cgroupProcs,
   makeCgroup,
@@ -31,7 +31,10 @@ import {
 } from "./cli_cgroup.ts";
 import {
   createLeaseManager,
+  type Holder,
   type LeaseManager,
+  MIN_TTL,
+  NotHolderError,
   UnavailableError,
 } from "./lease.ts";
 
@@ -84,27 +87,111 @@ export const EXIT: {
 /** How long `lease release` keeps trying while the holder keeps renewing. */
 const RELEASE_BOUND_MS = 5_000;
 
-const HELP: Record<string, string> = {
-  "": `usage: lease <run|holder|watch|release> KEY [options]
+type Sub = "run" | "holder" | "watch" | "release";
+const SUBS: readonly Sub[] = ["run", "holder", "watch", "release"];
 
-  lease run KEY [options] -- CMD [ARGS...]   run CMD only while holding KEY
-  lease holder KEY [--json]                  print who holds KEY
-  lease watch KEY [--json]                   print every change of holder
-  lease release KEY --node ID                evict ID's stuck lease on KEY
+function isSub(word: string | undefined): word is Sub {
+  return (SUBS as readonly (string | undefined)[]).includes(word);
+}
 
-Options for every subcommand:
-  --servers URL   NATS server(s), comma-separated (default: $NATS_URL, then 127.0.0.1:4222)
-  --bucket NAME   lease bucket (default: leases)
-  --help          this text, or a subcommand's
+/**
+ * An option of the command line. The table below is the one source of the
+ * parser's flags and of every usage text, general or a subcommand's.
+ */
+interface Opt {
+  readonly flag: string;
+  readonly short?: string;
+  /** The value's placeholder; none for a switch. */
+  readonly arg?: string;
+  /** The subcommands that take it. */
+  readonly subs: readonly Sub[];
+  /** Needed by those subcommands. */
+  readonly required?: boolean;
+  /** Its line (or lines) in a usage text. */
+  readonly text: string;
+}
 
-'lease <subcommand> --help' says more.`,
-  run:
-    `usage: lease run KEY [--servers URL] [--bucket NAME] [--ttl MS] [--node ID] [--kill-after MS] [--lost-status N] [--contain] -- CMD [ARGS...]
+const OPTIONS: readonly Opt[] = [
+  {
+    flag: "--servers",
+    arg: "URL",
+    subs: SUBS,
+    text: "NATS server(s), comma-separated (default: $NATS_URL,\n" +
+      "then 127.0.0.1:4222)",
+  },
+  {
+    flag: "--bucket",
+    arg: "NAME",
+    subs: SUBS,
+    text: "lease bucket (default: leases)",
+  },
+  {
+    flag: "--node",
+    arg: "ID",
+    subs: ["release"],
+    required: true,
+    text: "the holder to evict",
+  },
+  {
+    flag: "--ttl",
+    arg: "MS",
+    subs: ["run"],
+    text: "lease TTL when the bucket is created (default 15000; an\n" +
+      "existing bucket's TTL is adopted, and must match when given)",
+  },
+  {
+    flag: "--node",
+    arg: "ID",
+    subs: ["run"],
+    text: "holder id (default: host name and process id)",
+  },
+  {
+    flag: "--kill-after",
+    arg: "MS",
+    subs: ["run"],
+    text: "SIGTERM to SIGKILL (default: a quarter of the TTL)",
+  },
+  {
+    flag: "--lost-status",
+    arg: "N",
+    subs: ["run"],
+    text:
+      `exit status when the lease is lost (1-255, default ${EXIT.LOST}):\n` +
+      "pick one CMD never exits with, to tell the two apart",
+  },
+  {
+    flag: "--contain",
+    subs: ["run"],
+    text: "run CMD in a cgroup (v2) of its own and stop every process\n" +
+      "in it, also those that left its process group (Linux,\n" +
+      `where lease may make a cgroup; exits ${EXIT.NO_CONTAIN} if it may not)`,
+  },
+  {
+    flag: "--json",
+    subs: ["holder", "watch"],
+    text: 'print {"key":..,"holder":{"node":..,"epoch":..}|null} lines',
+  },
+  {
+    flag: "--help",
+    short: "-h",
+    subs: SUBS,
+    text: "print the help of lease, or of the subcommand",
+  },
+];
 
-Waits for its turn on KEY (a watch, no polling), then runs CMD in a process
+/** What each subcommand is for: a line for the general usage, then more. */
+const SUBCOMMANDS: Record<
+  Sub,
+  { readonly summary: string; readonly about: string; readonly notes?: string }
+> = {
+  run: {
+    summary: "run CMD only while holding KEY",
+    about:
+      `Waits for its turn on KEY (a watch, no polling), then runs CMD in a process
 group of its own with LEASE_KEY, LEASE_NODE and LEASE_EPOCH in its
 environment, renewing the lease while it runs. When CMD exits the lease is
 released at once and lease exits with CMD's status (128 + N for signal N).
+While it waits it says on stderr who holds KEY.
 
 If the lease is lost (the server unreachable past the TTL, an eviction),
 CMD's process group gets SIGTERM, then SIGKILL after --kill-after, and lease
@@ -114,42 +201,110 @@ killed (SIGKILL), and at the lease's deadline when lease is paused (SIGSTOP)
 or frozen; a successor starts only after the TTL and the grace. CMD starts
 only once the watchdog says it is running, and is stopped if it dies (exit
 ${EXIT.NO_WATCHDOG}). A process that leaves CMD's process group (setsid, a double fork)
-is out of reach of both, unless --contain: fence its writes with LEASE_EPOCH.
-
-  --ttl MS         lease TTL when the bucket is created (default 15000; an
-                   existing bucket's TTL is adopted)
-  --node ID        holder id (default: host name and process id)
-  --kill-after MS  SIGTERM to SIGKILL (default: a quarter of the TTL)
-  --lost-status N  exit status when the lease is lost (1-255, default ${EXIT.LOST}):
-                   pick one CMD never exits with, to tell the two apart
-  --contain        run CMD in a cgroup (v2) of its own and stop every process
-                   in it, also those that left its process group (Linux,
-                   where lease may make a cgroup; exits ${EXIT.NO_CONTAIN} if it may not)
-
-Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.BAD_DURATION} a bad
+is out of reach of both, unless --contain: fence its writes with LEASE_EPOCH.`,
+    notes:
+      `Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.BAD_DURATION} a bad
 duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
 answering before the command started), ${EXIT.NO_WATCHDOG} the watchdog did not start or died, ${EXIT.LOST}
 (or --lost-status) lease lost while CMD ran.`,
-  holder: `usage: lease holder KEY [--servers URL] [--bucket NAME] [--json]
-
-Prints the holder of KEY and its epoch ("none" when nobody holds it). A read:
-a hint that a lagging replica may serve late. --json prints
-{"key":..,"holder":{"node":..,"epoch":..}|null}.`,
-  watch: `usage: lease watch KEY [--servers URL] [--bucket NAME] [--json]
-
-Prints the holder of KEY, then a line for every change (new holder, release,
+  },
+  holder: {
+    summary: "print who holds KEY",
+    about:
+      `Prints the holder of KEY and its epoch ("none" when nobody holds it). A read:
+a hint that a lagging replica may serve late.`,
+  },
+  watch: {
+    summary: "print every change of holder",
+    about:
+      `Prints the holder of KEY, then a line for every change (new holder, release,
 expiry), until interrupted.`,
-  release: `usage: lease release KEY --node ID [--servers URL] [--bucket NAME]
-
-Evicts a stuck holder: deletes KEY's entry if (and only if) ID holds it, by
+  },
+  release: {
+    summary: "evict ID's stuck lease on KEY",
+    about:
+      `Evicts a stuck holder: deletes KEY's entry if (and only if) ID holds it, by
 compare-and-delete on that entry's revision. The holder's command is stopped
 at its next renewal; a successor still waits out the grace (an eviction is not
 a clean release). While ID keeps renewing, the entry is read again and the
 delete retried for up to ${
-    RELEASE_BOUND_MS / 1000
-  } s. Exits ${EXIT.NOT_HOLDER} when ID does not hold KEY, ${EXIT.UNAVAILABLE} when
+        RELEASE_BOUND_MS / 1000
+      } s. Exits ${EXIT.NOT_HOLDER} when ID does not hold KEY, ${EXIT.UNAVAILABLE} when
 the entry changed under every attempt (nothing was evicted).`,
+  },
 };
+
+function optionWords(o: Opt): string {
+  return o.arg === undefined ? o.flag : `${o.flag} ${o.arg}`;
+}
+
+/** Options as an indented table, continuation lines under the text. */
+function optionTable(opts: readonly Opt[]): string {
+  const label = (o: Opt) =>
+    o.short === undefined ? optionWords(o) : `${o.short}, ${optionWords(o)}`;
+  const width = Math.max(...opts.map((o) => label(o).length)) + 2;
+  return opts.map((o) =>
+    `  ${label(o).padEnd(width)}${
+      o.text.replaceAll("\n", `\n  ${" ".repeat(width)}`)
+    }`
+  ).join("\n");
+}
+
+/**
+ * A subcommand's synopsis. `brief`, for the general usage, leaves out what
+ * every subcommand takes and folds two or more options into "[options]".
+ */
+function synopsis(sub: Sub, brief: boolean): string {
+  const opts = OPTIONS.filter((o) =>
+    o.subs.includes(sub) && o.flag !== "--help"
+  );
+  const optional = opts.filter((o) =>
+    !o.required && !(brief && o.subs.length === SUBS.length)
+  );
+  return [
+    "lease",
+    sub,
+    "KEY",
+    ...opts.filter((o) => o.required).map(optionWords),
+    ...(brief && optional.length > 1
+      ? ["[options]"]
+      : optional.map((o) => `[${optionWords(o)}]`)),
+    ...(sub === "run" ? ["--", "CMD", "[ARGS...]"] : []),
+  ].join(" ");
+}
+
+/**
+ * The usage of lease (`sub` ""), or of one subcommand: with `full` (for
+ * --help) also what it does; without (after a mistake) its synopsis and
+ * options only.
+ */
+function usage(sub: Sub | "", full: boolean): string {
+  if (sub === "") {
+    const lines = SUBS.map((s) => [synopsis(s, true), SUBCOMMANDS[s].summary]);
+    const width = Math.max(...lines.map(([l]) => l!.length)) + 3;
+    return [
+      `usage: lease <${SUBS.join("|")}> KEY [options]`,
+      "",
+      ...lines.map(([l, summary]) => `  ${l!.padEnd(width)}${summary}`),
+      "",
+      "Options for every subcommand:",
+      optionTable(OPTIONS.filter((o) => o.subs.length === SUBS.length)),
+      "",
+      "'lease <subcommand> --help' says more.",
+    ].join("\n");
+  }
+  const { about, notes } = SUBCOMMANDS[sub];
+  return [
+    `usage: ${synopsis(sub, false)}`,
+    ...(full ? ["", about] : []),
+    "",
+    "Options:",
+    optionTable(OPTIONS.filter((o) => o.subs.includes(sub))),
+    ...(full
+      ? notes === undefined ? [] : ["", notes]
+      : ["", `'lease ${sub} --help' says more.`]),
+  ].join("\n");
+}
 
 const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
 
@@ -158,9 +313,16 @@ type Sig = "SIGINT" | "SIGTERM" | "SIGKILL";
 class UsageError extends Error {
   override name = "UsageError";
   readonly code: number;
-  constructor(message: string, code: number = EXIT.USAGE) {
+  /** Whose usage to print after the message: lease's (""), or none (null). */
+  readonly usage: Sub | "" | null;
+  constructor(
+    message: string,
+    code: number = EXIT.USAGE,
+    usage: Sub | "" | null = null,
+  ) {
     super(message);
     this.code = code;
+    this.usage = usage;
   }
 }
 
@@ -197,10 +359,14 @@ interface Args {
   command: string[];
 }
 
-function duration(flag: string, value: string | undefined): number {
+function duration(
+  flag: string,
+  value: string | undefined,
+  fail: (message: string, code: number) => UsageError,
+): number {
   const n = Number(value);
   if (value === undefined || !/^\d+$/.test(value) || !Number.isSafeInteger(n)) {
-    throw new UsageError(
+    throw fail(
       `${flag} needs a duration in milliseconds (a whole number): received ${
         JSON.stringify(value ?? null)
       }`,
@@ -208,6 +374,13 @@ function duration(flag: string, value: string | undefined): number {
     );
   }
   return n;
+}
+
+/** Words as they would be typed to a shell, to copy back. */
+function shellLine(words: readonly string[]): string {
+  return words.map((w) =>
+    /^[\w@%+=:,./-]+$/.test(w) ? w : `'${w.replaceAll("'", `'\\''`)}'`
+  ).join(" ");
 }
 
 /** Parses the command line; throws {@linkcode UsageError} on bad input. */
@@ -228,16 +401,48 @@ function parse(argv: string[]): Args {
     command,
   };
   const rest: string[] = [];
+  const given: string[] = [];
+  // A mistake shows the usage of the subcommand typed (it may come after
+  // the mistake), or lease's when there is none.
+  const fail = (message: string, code: number = EXIT.USAGE) => {
+    const sub = rest[0] ?? own.find(isSub);
+    return new UsageError(message, code, isSub(sub) ? sub : "");
+  };
   for (let i = 0; i < own.length; i++) {
-    const f = own[i]!;
+    const word = own[i]!;
+    if (!word.startsWith("-") || word === "-") {
+      // A word after `lease run KEY` with no `--` anywhere: the command, the
+      // `--` forgotten. Its own options (`sh -c`) would otherwise read as
+      // unknown options of lease.
+      if (rest[0] === "run" && rest.length === 2 && dash < 0) {
+        if (a.help) break;
+        throw new UsageError(
+          `put -- before the command: ${
+            shellLine(["lease", ...own.slice(0, i), "--", ...own.slice(i)])
+          }`,
+        );
+      }
+      rest.push(word);
+      continue;
+    }
+    // `--opt=value` as well as `--opt value`.
+    const eq = word.startsWith("--") ? word.indexOf("=") : -1;
+    const flag = eq < 0 ? word : word.slice(0, eq);
+    const inline = eq < 0 ? undefined : word.slice(eq + 1);
+    const opt = OPTIONS.find((o) => o.flag === flag || o.short === flag);
+    if (opt === undefined) throw fail(`unknown option ${flag}`);
+    if (opt.arg === undefined && inline !== undefined) {
+      throw fail(`${flag} takes no value: received ${word}`);
+    }
+    given.push(opt.flag);
     const value = (): string => {
+      if (inline !== undefined) return inline;
       const v = own[++i];
-      if (v === undefined) throw new UsageError(`${f} needs a value`);
+      if (v === undefined) throw fail(`${flag} needs a value`);
       return v;
     };
-    switch (f) {
+    switch (opt.flag) {
       case "--help":
-      case "-h":
         a.help = true;
         break;
       case "--json":
@@ -256,16 +461,16 @@ function parse(argv: string[]): Args {
         a.node = value();
         break;
       case "--ttl":
-        a.ttl = duration(f, own[++i]);
+        a.ttl = duration(flag, inline ?? own[++i], fail);
         break;
       case "--kill-after":
-        a.killAfter = duration(f, own[++i]);
+        a.killAfter = duration(flag, inline ?? own[++i], fail);
         break;
       case "--lost-status": {
         const v = value();
         a.lostStatus = Number(v);
         if (!/^\d+$/.test(v) || a.lostStatus < 1 || a.lostStatus > 255) {
-          throw new UsageError(
+          throw fail(
             `--lost-status needs an exit status from 1 to 255: received ${
               JSON.stringify(v)
             }`,
@@ -273,59 +478,65 @@ function parse(argv: string[]): Args {
         }
         break;
       }
-      default:
-        if (f.startsWith("-")) throw new UsageError(`unknown option ${f}`);
-        rest.push(f);
     }
   }
   a.sub = rest[0] ?? "";
   if (a.help) return a;
-  if (!(a.sub in HELP) || a.sub === "") {
-    throw new UsageError(
+  if (!isSub(a.sub)) {
+    throw fail(
       a.sub === ""
-        ? "a subcommand is needed: run, holder, watch or release"
+        ? `a subcommand is needed: ${SUBS.slice(0, -1).join(", ")} or ${
+          SUBS.at(-1)
+        }`
         : `unknown subcommand ${JSON.stringify(a.sub)}`,
     );
   }
+  const sub = a.sub;
+  const other = given.find((f) =>
+    !OPTIONS.some((o) => o.flag === f && o.subs.includes(sub))
+  );
+  if (other !== undefined) throw fail(`lease ${sub} has no option ${other}`);
   if (rest.length !== 2) {
-    throw new UsageError(
+    throw fail(
       rest.length < 2
-        ? `lease ${a.sub} needs a KEY`
-        : `lease ${a.sub} takes one KEY: received ${rest.slice(1).join(" ")}`,
+        ? `lease ${sub} needs a KEY`
+        : `lease ${sub} takes one KEY: received ${rest.slice(1).join(" ")}`,
     );
   }
   a.key = rest[1]!;
   if (!KEY_RE.test(a.key)) {
-    throw new UsageError(
+    throw fail(
       `invalid key ${
         JSON.stringify(a.key)
       }: letters, digits, '-', '_', '/', '=' in '.'-separated tokens`,
       EXIT.BAD_KEY,
     );
   }
-  if (a.sub === "run" && command.length === 0) {
-    throw new UsageError(
-      "lease run needs a command after --",
-      EXIT.NO_COMMAND,
+  if (sub === "run" && command.length === 0) {
+    throw fail("lease run needs a command after --", EXIT.NO_COMMAND);
+  }
+  if (sub !== "run" && dash >= 0) {
+    throw fail(`lease ${sub} takes no command`);
+  }
+  const missing = OPTIONS.find((o) =>
+    o.required && o.subs.includes(sub) && !given.includes(o.flag)
+  );
+  if (missing !== undefined) {
+    throw fail(
+      `lease ${sub} needs ${optionWords(missing)} (${missing.text})`,
     );
-  }
-  if (a.sub !== "run" && dash >= 0) {
-    throw new UsageError(`lease ${a.sub} takes no command`);
-  }
-  if (a.sub === "release" && !own.includes("--node")) {
-    throw new UsageError("lease release needs --node ID (the holder to evict)");
   }
   if (
     a.ttl !== undefined && a.killAfter !== undefined && a.killAfter >= a.ttl
   ) {
-    throw new UsageError(
+    throw fail(
       `--kill-after must be below the TTL (${a.ttl} ms), so that the command is gone before a successor starts: received ${a.killAfter}`,
       EXIT.BAD_DURATION,
     );
   }
-  if (a.ttl !== undefined && a.ttl < 500) {
-    throw new UsageError(
-      `--ttl must be at least 500 ms: received ${a.ttl}`,
+  if (a.ttl !== undefined && a.ttl < MIN_TTL) {
+    throw fail(
+      `--ttl must be at least ${MIN_TTL} ms: received ${a.ttl}`,
       EXIT.BAD_DURATION,
     );
   }
@@ -351,12 +562,80 @@ async function open(
     });
     return { nc, leases };
   } catch (err) {
+    const why = await openFailure(nc, a, opts.createBucket, err);
     await nc.close().catch(() => {});
-    if (err instanceof TypeError || err instanceof RangeError) {
-      throw new UsageError(err.message);
-    }
-    throw new UnavailableError(a.key, (err as Error).message, { cause: err });
+    throw why;
   }
+}
+
+/**
+ * The bucket's TTL in ms, or `undefined` when it does not exist. Read on
+ * the failure paths only, to word their messages for the command line.
+ */
+async function bucketTtl(
+  nc: NatsConnection,
+  bucket: string,
+): Promise<number | undefined> {
+  try {
+    return (await (await new Kvm(nc).open(bucket)).status()).ttl;
+  } catch (err) {
+    if (isStreamNotFound(err)) return undefined;
+    throw err;
+  }
+}
+
+function isStreamNotFound(err: unknown): boolean {
+  return err instanceof JetStreamApiError &&
+    err.code === JetStreamApiCodes.StreamNotFound;
+}
+
+function noBucket(a: Args): UnavailableError {
+  return new UnavailableError(
+    a.key,
+    `bucket '${a.bucket}' does not exist on ${
+      a.servers.join(",")
+    } (lease run creates it): check --bucket and --servers`,
+  );
+}
+
+/**
+ * Why createLeaseManager() refused, worded for the command line (its own
+ * messages name its API: 'ttl', 'createBucket'), from the bucket as it is
+ * rather than from the text of those messages.
+ */
+async function openFailure(
+  nc: NatsConnection,
+  a: Args,
+  createBucket: boolean,
+  err: unknown,
+): Promise<Error> {
+  if (err instanceof TypeError) return new UsageError(err.message);
+  if (!(err instanceof RangeError) && createBucket) {
+    return new UnavailableError(a.key, (err as Error).message, { cause: err });
+  }
+  // null: the bucket could not be read either (no JetStream, say).
+  const ttl = await bucketTtl(nc, a.bucket).catch(() => null);
+  if (err instanceof RangeError) {
+    if (ttl === null || ttl === undefined) return new UsageError(err.message);
+    if (ttl <= 0) {
+      return new UsageError(
+        `bucket '${a.bucket}' has no TTL, so its leases would never expire: use another --bucket`,
+      );
+    }
+    if (a.ttl !== undefined && ttl !== a.ttl) {
+      return new UsageError(
+        `bucket '${a.bucket}' has a TTL of ${ttl} ms: pass --ttl ${ttl} (or omit --ttl), or use another --bucket`,
+      );
+    }
+    if (ttl < MIN_TTL) {
+      return new UsageError(
+        `bucket '${a.bucket}' has a TTL of ${ttl} ms, below the ${MIN_TTL} ms a lease needs: use another --bucket`,
+      );
+    }
+    return new UsageError(err.message);
+  }
+  if (ttl === undefined) return noBucket(a);
+  return new UnavailableError(a.key, (err as Error).message, { cause: err });
 }
 
 /** Kills a process group; false when it is gone. */
@@ -522,9 +801,13 @@ async function run(a: Args): Promise<number> {
   const onTerm = () => onSignal("SIGTERM");
   process.on("SIGINT", onInt);
   process.on("SIGTERM", onTerm);
+  // Until the command starts, say who it waits for.
+  const untilStarted = new AbortController();
+  const reported = reportWaiting(leases, a, untilStarted.signal);
   let status: number;
   try {
     status = await leases.guard(a.key, async (lease) => {
+      untilStarted.abort();
       if (!watchdog.alive()) {
         say(
           `the watchdog died while waiting (${await watchdog
@@ -567,6 +850,9 @@ async function run(a: Args): Promise<number> {
       const pid = child.pid;
       let tick: ReturnType<typeof setInterval> | undefined;
       let stopped: "lost" | "watchdog" | undefined;
+      // The last deadline seen while the lease was vouched for: a lease
+      // that ends before it cannot have lost its entry to expiry.
+      let vouched = lease.deadline;
       // The command's process group, and with --contain its cgroup.
       const kill = (sig: Sig) => {
         killGroup(pid!, sig);
@@ -588,8 +874,10 @@ async function run(a: Args): Promise<number> {
         watchdog.send(`pgid ${pid}`);
         // How long the lease is still vouched for, every tick: if we stop
         // sending (paused), the watchdog stops the command at the deadline.
-        const tell = () =>
+        const tell = () => {
+          if (!lease.signal.aborted) vouched = lease.deadline;
           watchdog.send(`${Math.floor(lease.deadline - performance.now())}`);
+        };
         tell();
         tick = setInterval(tell, Math.min(250, leases.ttl / 10));
         // A dead watchdog can no longer stop the command if we freeze: stop
@@ -606,9 +894,13 @@ async function run(a: Args): Promise<number> {
         if (stopped !== undefined) return;
         stopped = "lost";
         say(
-          `lost '${a.key}' (${
-            (lease.signal.reason as Error)?.message ?? "lease ended"
-          }): stopping the command`,
+          `lost '${a.key}': ${
+            whyLost(
+              lease.signal.reason,
+              performance.now() < vouched,
+              leases.ttl,
+            )
+          }; stopping the command`,
         );
         stop();
       };
@@ -657,6 +949,8 @@ async function run(a: Args): Promise<number> {
   } finally {
     process.off("SIGINT", onInt);
     process.off("SIGTERM", onTerm);
+    untilStarted.abort();
+    await reported;
   }
   watchdog.send("done");
   if (cgroup !== undefined && !(await removeCgroup(cgroup))) {
@@ -670,6 +964,84 @@ async function run(a: Args): Promise<number> {
   }
   await nc.close();
   return status;
+}
+
+/**
+ * Says on stderr who `lease run` waits for: once, then at each change of
+ * holder, and once when it took the key but waits out the failover grace.
+ * A hint from the manager's watch until `signal` aborts (the command
+ * starts); the guard alone decides when that is.
+ */
+async function reportWaiting(
+  leases: LeaseManager,
+  a: Args,
+  signal: AbortSignal,
+): Promise<void> {
+  let last: Holder | undefined;
+  let took = false;
+  try {
+    for await (const h of leases.watch(a.key, { signal })) {
+      if (h === null || signal.aborted) continue;
+      if (h.node === a.node) {
+        if (took) continue;
+        took = true;
+        const grace = await graceLeft(leases, a.key);
+        if (grace !== undefined && !signal.aborted) {
+          say(
+            `took '${a.key}' (epoch ${h.epoch}), waiting out the failover grace (${grace} ms) before starting the command`,
+          );
+        }
+        continue;
+      }
+      if (last?.node === h.node && last.epoch === h.epoch) continue;
+      say(
+        last === undefined
+          ? `waiting for '${a.key}', held by ${h.node} (epoch ${h.epoch})`
+          : `still waiting for '${a.key}', now held by ${h.node} (epoch ${h.epoch})`,
+      );
+      last = h;
+    }
+  } catch {
+    // A hint only: the guard reports what stops the run.
+  }
+}
+
+/**
+ * Milliseconds of failover grace left on a key this manager has taken, or
+ * `undefined` when there is none (or the key is not ours). A guard refuses
+ * with the time left during the grace without a round trip; past it, with
+ * `check: "lease"`, it writes nothing and costs none.
+ */
+async function graceLeft(
+  leases: LeaseManager,
+  key: string,
+): Promise<number | undefined> {
+  try {
+    await leases.guard(key, () => {}, { check: "lease" });
+    return undefined;
+  } catch (err) {
+    return err instanceof NotHolderError ? err.retryAfter : undefined;
+  }
+}
+
+/**
+ * Why a lease ended, for "lost 'K': ...". `early`: it ended before its
+ * deadline, so its entry was still there unless something removed it (an
+ * entry expires at the earliest at the holder's deadline).
+ */
+function whyLost(reason: unknown, early: boolean, ttl: number): string {
+  if (reason instanceof NotHolderError && reason.holder !== undefined) {
+    return `it is now held by ${reason.holder}: its entry was written over, or deleted and then taken`;
+  }
+  if (reason instanceof NotHolderError) {
+    return `its entry was deleted (an eviction with lease release --node, or the bucket was purged)${
+      early ? "" : " or expired"
+    }`;
+  }
+  if (reason instanceof UnavailableError && !early) {
+    return `no renewal was confirmed within the TTL (${ttl} ms): the server was unreachable or slow, or lease was paused`;
+  }
+  return reason instanceof Error ? reason.message : String(reason);
 }
 
 /** A signal's number, for the shell's 128 + N convention. */
@@ -768,6 +1140,7 @@ async function release(a: Args): Promise<number> {
       return 0;
     }
   } catch (err) {
+    if (isStreamNotFound(err)) throw noBucket(a);
     if (err instanceof JetStreamApiError) {
       // An answer the server gave, not a crash of ours: say it plainly.
       throw new UnavailableError(a.key, err.message, { cause: err });
@@ -797,11 +1170,13 @@ export async function main(argv: string[]): Promise<number> {
   } catch (err) {
     if (!(err instanceof UsageError)) throw err;
     say(err.message);
-    process.stderr.write(`${HELP[""]}\n`);
+    if (err.usage !== null) {
+      process.stderr.write(`${usage(err.usage, false)}\n`);
+    }
     return err.code;
   }
   if (a.help) {
-    process.stdout.write(`${HELP[a.sub] ?? HELP[""]}\n`);
+    process.stdout.write(`${usage(isSub(a.sub) ? a.sub : "", true)}\n`);
     return 0;
   }
   try {

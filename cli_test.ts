@@ -11,6 +11,7 @@ import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
+import { Kvm } from "@nats-io/kv";
 import { createLeaseManager, NotHolderError } from "./mod.ts";
 import { makeCgroup, removeCgroup } from "./cli_cgroup.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
@@ -230,6 +231,237 @@ describe("the lease command", () => {
     assert.match(help.out(), /LEASE_EPOCH/);
   });
 
+  test("--opt=value works as --opt value, for lease run and lease holder; a switch given a value exits 64", async () => {
+    const file = path.join(tmp, "eq");
+    const key = uniq("eq");
+    const r = start([
+      "run",
+      key,
+      `--servers=${ns.url}`,
+      "--bucket=cli",
+      `--ttl=${TTL}`,
+      "--node=a",
+      `--kill-after=${KILL_AFTER}`,
+      "--lost-status=99",
+      "--",
+      ...stamped(file, "true"),
+    ]);
+    assert.equal(await r.exited, 0, r.err());
+    assert.deepEqual(stamps(file).map((x) => `${x.what} ${x.node}`), [
+      "start a",
+      "end a",
+    ]);
+    const h = lease(["holder", key, `--servers=${ns.url}`, "--bucket=cli"]);
+    assert.equal(await h.exited, 0, h.err());
+    assert.equal(h.out(), `${key}: none\n`);
+    const bad = lease(["holder", key, "--json=yes", "--servers=127.0.0.1:1"]);
+    assert.equal(await bad.exited, 64, bad.err());
+    assert.match(
+      bad.err(),
+      /^lease: --json takes no value: received --json=yes\n/,
+    );
+    const empty = lease(["run", key, "--ttl=", "--", "true"]);
+    assert.equal(await empty.exited, 66, empty.err());
+    assert.match(empty.err(), /--ttl needs a duration .*: received ""/);
+  });
+
+  test("lease run without -- before its command exits 64 before connecting and says where to put it, in what was typed", async () => {
+    for (
+      const [args, said] of [
+        [
+          ["run", "nightly-report", "echo", "hi"],
+          "lease run nightly-report -- echo hi",
+        ],
+        // The command's own options are not taken for lease's.
+        [
+          [
+            "run",
+            "nightly-report",
+            "--servers",
+            "127.0.0.1:1",
+            "sh",
+            "-c",
+            "x",
+          ],
+          "lease run nightly-report --servers 127.0.0.1:1 -- sh -c x",
+        ],
+        [
+          [
+            "run",
+            "--ttl=2000",
+            "nightly-report",
+            "sh",
+            "-c",
+            "echo it's $HOME",
+          ],
+          "lease run --ttl=2000 nightly-report -- sh -c 'echo it'\\''s $HOME'",
+        ],
+      ] as const
+    ) {
+      const r = lease([...args]);
+      assert.equal(await r.exited, 64, r.err());
+      // One line, no usage after it: the line itself is the fix.
+      assert.equal(r.err(), `lease: put -- before the command: ${said}\n`);
+    }
+  });
+
+  test("a wrong option prints the usage of the subcommand in use, with its options only; a wrong subcommand prints lease's", async () => {
+    const nowhere = "--servers=127.0.0.1:1";
+    const general = lease(["frobnicate", "k", nowhere]);
+    assert.equal(await general.exited, 64, general.err());
+    for (const sub of ["run", "holder", "watch", "release"]) {
+      assert.match(general.err(), new RegExp(`^  lease ${sub} KEY`, "m"));
+    }
+    for (
+      const [args, why, sub, has, hasNot] of [
+        [
+          ["holder", "k", "--frob", nowhere],
+          "unknown option --frob",
+          "holder",
+          ["--json", "--servers URL", "--bucket NAME"],
+          ["--ttl", "--kill-after", "--node", "lease run"],
+        ],
+        [
+          ["run", "k", "--json", nowhere, "--", "true"],
+          "lease run has no option --json",
+          "run",
+          ["--ttl MS", "--kill-after MS", "--lost-status N", "--contain"],
+          ["--json", "lease holder"],
+        ],
+        [
+          ["release", "k", "--ttl=5000", "--node", "a", nowhere],
+          "lease release has no option --ttl",
+          "release",
+          ["--node ID"],
+          ["--ttl", "--json", "--contain"],
+        ],
+        [
+          ["watch", "--bucket", "cli", "--frob=1", "k", nowhere],
+          "unknown option --frob",
+          "watch",
+          ["--json"],
+          ["--ttl", "--node"],
+        ],
+      ] as const
+    ) {
+      const r = lease([...args]);
+      assert.equal(await r.exited, 64, `${args.join(" ")}: ${r.err()}`);
+      const err = r.err();
+      assert.ok(
+        err.startsWith(`lease: ${why}\nusage: lease ${sub} KEY`),
+        `${args.join(" ")}:\n${err}`,
+      );
+      const shown = err.slice(err.indexOf("\n") + 1);
+      for (const s of has) assert.ok(shown.includes(s), `${s} in:\n${err}`);
+      for (const s of hasNot) {
+        assert.ok(!shown.includes(s), `${s} in:\n${err}`);
+      }
+      assert.ok(
+        err.split("\n").length < general.err().split("\n").length + 6,
+        err,
+      );
+      assert.doesNotMatch(err, /Options for every subcommand/);
+    }
+    // One table behind every usage: an option's line reads the same in
+    // lease's usage, a subcommand's, and its --help.
+    const help = lease(["run", "--help"]);
+    assert.equal(await help.exited, 0, help.err());
+    const line = (text: string, flag: string) =>
+      text.split("\n").find((l) => l.trimStart().startsWith(flag))
+        ?.replace(/ +/g, " ");
+    for (const flag of ["--servers", "--bucket", "-h, --help"]) {
+      assert.ok(line(general.err(), flag) !== undefined, flag);
+      assert.equal(line(help.out(), flag), line(general.err(), flag));
+    }
+  });
+
+  test("a --ttl other than the bucket's exits 64 and says which to pass; a missing bucket exits 69 for holder, watch and release, worded for the command", async () => {
+    const bucket = uniq("ttl");
+    const at = (ttl: string[]) =>
+      lease([
+        "run",
+        "k",
+        "--servers",
+        ns.url,
+        "--bucket",
+        bucket,
+        ...ttl,
+        "--",
+        "true",
+      ]);
+    const made = at(["--ttl", "1500"]);
+    assert.equal(await made.exited, 0, made.err());
+    const other = at(["--ttl=2000"]);
+    assert.equal(await other.exited, 64, other.err());
+    assert.equal(
+      other.err(),
+      `lease: bucket '${bucket}' has a TTL of 1500 ms: pass --ttl 1500 (or omit --ttl), or use another --bucket\n`,
+    );
+    const adopted = at([]);
+    assert.equal(await adopted.exited, 0, adopted.err());
+
+    const missing = uniq("nope");
+    for (
+      const args of [
+        ["holder", "k"],
+        ["watch", "k"],
+        ["release", "k", "--node", "a"],
+      ]
+    ) {
+      const r = lease([...args, "--servers", ns.url, "--bucket", missing]);
+      assert.equal(await r.exited, 69, `${args.join(" ")}: ${r.err()}`);
+      assert.equal(
+        r.err(),
+        `lease: bucket '${missing}' does not exist on ${ns.url} (lease run creates it): check --bucket and --servers\n`,
+      );
+    }
+  });
+
+  test("a waiting lease run says whom it waits for, again when that changes, and once that it took the key but waits out the failover grace", async () => {
+    const key = uniq("wait");
+    const file = path.join(tmp, "wait");
+    const nc = await connect({ servers: ns.url });
+    const leases = await createLeaseManager({
+      nc,
+      bucket: "cli",
+      ttl: TTL,
+      node: "a",
+      restartGrace: false,
+    });
+    try {
+      const epochA = await leases.guard(key, (l) => l.epoch);
+      const b = start([...common(key, "b"), "--", ...stamped(file, "true")]);
+      const waiting =
+        `lease: waiting for '${key}', held by a (epoch ${epochA})`;
+      await until(() => b.err().includes(waiting), 10_000, "b to say so");
+      // A write over a's entry from outside the lease protocol: b waits on,
+      // now for c, whose entry nobody renews; once it expires b takes the
+      // key and waits out the grace it owes c.
+      const kv = await new Kvm(nc).open("cli");
+      const epochC = await kv.put(key, "c");
+      assert.equal(await b.exited, 0, b.err());
+      const epochB = stamps(file)[0]!.epoch;
+      const said = b.err().trim().split("\n");
+      assert.equal(said.length, 4, b.err());
+      assert.equal(said[0], waiting);
+      assert.equal(
+        said[1],
+        `lease: still waiting for '${key}', now held by c (epoch ${epochC})`,
+      );
+      const took =
+        `lease: took '${key}' (epoch ${epochB}), waiting out the failover grace (`;
+      assert.ok(said[2]!.startsWith(took), said[2]);
+      assert.match(
+        said[2]!.slice(took.length),
+        /^\d+ ms\) before starting the command$/,
+      );
+      assert.equal(said[3], `lease: holding '${key}' as b, epoch ${epochB}`);
+    } finally {
+      await leases.close();
+      await nc.close();
+    }
+  });
+
   test("two lease run on one key: never at once, the second starts when the first's command exits, without waiting out the TTL or a grace, epochs grow, exit statuses pass through", async () => {
     const file = path.join(tmp, "two");
     const key = uniq("two");
@@ -378,8 +610,39 @@ describe("the lease command", () => {
     const took = a.at() - t0;
     console.log(`  [figures] eviction to lease exit: ${took} ms`);
     assert.match(fs.readFileSync(file, "utf8"), /TERM/);
-    assert.match(a.err(), /lost/);
+    assert.ok(
+      a.err().includes(
+        `lease: lost '${key}': its entry was deleted (an eviction with lease release --node, or the bucket was purged); stopping the command\n`,
+      ),
+      a.err(),
+    );
     assert.equal(alive(marker), 0);
+  });
+
+  test("a lease lost to a write over its entry says who holds the key now, in one sentence, and exits 75", async () => {
+    const file = path.join(tmp, "over");
+    const key = uniq("over");
+    const a = start([
+      ...common(key, "a"),
+      "--",
+      "sh",
+      "-c",
+      `echo started >> ${file}; while :; do sleep 0.05; done`,
+    ]);
+    await until(() => fs.existsSync(file), 10_000, "a's command");
+    const nc = await connect({ servers: ns.url });
+    try {
+      await (await new Kvm(nc).open("cli")).put(key, "c");
+      assert.equal(await a.exited, 75, a.err());
+      assert.ok(
+        a.err().includes(
+          `lease: lost '${key}': it is now held by c: its entry was written over, or deleted and then taken; stopping the command\n`,
+        ),
+        a.err(),
+      );
+    } finally {
+      await nc.close();
+    }
   });
 
   test("lease release --node wins against a holder whose revision moves on every round trip (it reads again and deletes the new revision), never evicts another node, and exits 69 with a message, not a stack trace, if it cannot", async () => {
