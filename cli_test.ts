@@ -610,11 +610,14 @@ describe("the lease command", () => {
     const took = a.at() - t0;
     console.log(`  [figures] eviction to lease exit: ${took} ms`);
     assert.match(fs.readFileSync(file, "utf8"), /TERM/);
-    assert.ok(
-      a.err().includes(
-        `lease: lost '${key}': its entry was deleted (an eviction with lease release --node, or the bucket was purged); stopping the command\n`,
-      ),
+    // " or expired" is added when the lease's deadline had passed by the
+    // time the loss was seen: on a loaded machine the renewal that sees
+    // the delete can come that late, and the sentence is still true.
+    assert.match(
       a.err(),
+      new RegExp(
+        `lease: lost '${key}': its entry was deleted \\(an eviction with lease release --node, or the bucket was purged\\)( or expired)?; stopping the command\n`,
+      ),
     );
     assert.equal(alive(marker), 0);
   });
