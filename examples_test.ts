@@ -437,12 +437,40 @@ describe("examples against a real nats-server", () => {
         /demo +fresh key: node-\w wrote \d+ ms after it was ready/,
       );
       await demo.waitFor(/ node-\w +waiting: 'orders' is held by node-\w$/);
-      await demo.waitFor(/^── node-\w crashes \(SIGKILL\)/);
+      const crash = await demo.waitFor(/^── node-\w crashes \(SIGKILL\)/);
+      // The successor says it took the key, and how much grace is left,
+      // before the grace ends and it writes at that epoch.
+      const took = await demo.waitFor(
+        /(node-\w) +took 'orders' \(epoch (\d+)\), waiting out the failover grace \((\d+) ms left\) before its first write$/,
+        crash.index,
+      );
+      const [, successor, epoch, left] = took.match;
+      assert.ok(
+        Number(left) > 0 && Number(left) <= 1_000,
+        `grace left ${left} ms\n${demo.transcript()}`,
+      );
+      const firstWrite = await demo.waitFor(
+        new RegExp(`${successor} +write #1 under the lease, epoch ${epoch}$`),
+        crash.index,
+      );
+      assert.ok(firstWrite.index > took.index, demo.transcript());
       const failover = await demo.waitFor(
         /demo +failover: node-\w wrote (\d+) ms after the crash, epoch (\d+) → (\d+)$/,
       );
       assert.ok(Number(failover.match[1]) >= 1_000, demo.transcript());
       assert.ok(Number(failover.match[3]) > Number(failover.match[2]));
+      assert.equal(failover.match[3], epoch, demo.transcript());
+      // The first jump of epochs is explained once, as it is shown.
+      const why = await demo.waitFor(
+        /demo +why (\d+) → (\d+): an epoch is the KV revision its tenure began at, and every write to the bucket takes the next revision: \d+(–\d+)? (was|were) .+, so (node-\w)'s take got (\d+)$/,
+        failover.index,
+      );
+      const clean = await demo.waitFor(/^── node-\w shuts down cleanly/);
+      assert.ok(why.index < clean.index, demo.transcript());
+      assert.deepEqual(
+        [why.match[1], why.match[2], why.match[5], why.match[6]],
+        [failover.match[2], epoch, successor, epoch],
+      );
       const handover = await demo.waitFor(
         /demo +handover: node-\w wrote (\d+) ms after it was told to stop, with no grace, epoch (\d+) → (\d+)$/,
       );
@@ -453,6 +481,11 @@ describe("examples against a real nats-server", () => {
       assert.ok(Number(handover.match[1]) < 1_000, demo.transcript());
       assert.ok(Number(handover.match[3]) > Number(handover.match[2]));
       await demo.waitFor(/^ {2}✓ one writer at a time, 3 tenures/);
+      assert.equal(
+        demo.stdout.match(/ demo +why /g)?.length,
+        1,
+        demo.transcript(),
+      );
       await demo.succeeded();
     },
   );

@@ -12,6 +12,9 @@
  * the others must wait for the lease to expire. It also runs under Node 24
  * (`node examples/demo.ts`) and Bun (`bun examples/demo.ts`).
  *
+ * The demo itself watches the key (a KV watch writes nothing), so that it
+ * can say what took the revisions that an epoch skips.
+ *
  * @module
  */
 
@@ -19,8 +22,10 @@ import { type ChildProcess, spawn } from "node:child_process";
 import process from "node:process";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import { Kvm } from "@nats-io/kv";
+import { type KV, Kvm, KvWatchInclude } from "@nats-io/kv";
+import { createLeaseManager } from "../mod.ts";
 import { NatsServer } from "../test_util/nats_server.ts";
 
 const TTL = 1_000; // what demo_node.ts uses
@@ -35,7 +40,7 @@ interface Event {
   event: string;
   n?: number;
   epoch?: number;
-  ms?: number;
+  grace?: number;
   holder?: string;
   message?: string;
 }
@@ -45,6 +50,8 @@ const events: Event[] = [];
 const waiters = new Set<() => void>();
 const children = new Map<string, ChildProcess>();
 let lastWriter: string | undefined;
+/** What took each revision of the key: a node id (its entry) or "DEL"/"PURGE". */
+const revisions = new Map<number, string>();
 
 function elapsed(at = performance.now()): string {
   return `${Math.round(at - t0)} ms`.padStart(9);
@@ -65,6 +72,10 @@ function describe(e: Event): string {
       return "connected, lease manager ready";
     case "waiting":
       return `waiting: '${KEY}' is held by ${e.holder}`;
+    case "took":
+      return e.grace! > 0
+        ? `took '${KEY}' (epoch ${e.epoch}), waiting out the failover grace (${e.grace} ms left) before its first write`
+        : `took '${KEY}' (epoch ${e.epoch}), no grace owed: it may write at once`;
     case "leader":
       return `elected by campaign(): holds '${KEY}' at epoch ${e.epoch}`;
     case "write":
@@ -200,6 +211,7 @@ async function run(servers: string, bucket: string): Promise<boolean> {
       Math.round(second.at - crashAt)
     } ms after the crash, epoch ${first.epoch} → ${second.epoch}`,
   );
+  explainSkip(first, second);
   await writerOf(3, crashIndex);
 
   phase(`${holder2} shuts down cleanly (SIGINT → close() releases the lease)`);
@@ -221,6 +233,7 @@ async function run(servers: string, bucket: string): Promise<boolean> {
       Math.round(third.at - closeAt)
     } ms after it was told to stop, with no grace, epoch ${second.epoch} → ${third.epoch}`,
   );
+  explainSkip(second, third);
   await writerOf(3, closeIndex);
 
   phase(`${holder3} shuts down too`);
@@ -232,6 +245,79 @@ async function run(servers: string, bucket: string): Promise<boolean> {
   await Promise.all(NODES.map(exited));
 
   return summarize(crashAt, closeAt);
+}
+
+let explained = false;
+
+/**
+ * Says once, at the first epoch that skips, why epochs skip, naming what
+ * took the revisions in between (as the demo's own watch of the key saw
+ * them).
+ */
+function explainSkip(before: Event, after: Event): void {
+  const from = before.epoch!, to = after.epoch!;
+  if (explained || to <= from + 1) return;
+  explained = true;
+  const runs: { first: number; last: number; what: string }[] = [];
+  for (let rev = from + 1; rev < to; rev++) {
+    const took = revisions.get(rev);
+    const what = took === undefined
+      ? "not seen by the demo's watch"
+      : took === "DEL"
+      ? "a release (delete)"
+      : took === "PURGE"
+      ? "the server's marker for an expired entry"
+      : took === before.node
+      ? `${took}'s renewals (a compare-and-set per guarded write, or every ${
+        Math.round(TTL / 3)
+      } ms without one)`
+      : `${took}'s entry`;
+    const run = runs.at(-1);
+    if (run && run.what === what && run.last === rev - 1) run.last = rev;
+    else runs.push({ first: rev, last: rev, what });
+  }
+  const spans = runs.map((r) =>
+    `${r.first === r.last ? r.first : `${r.first}–${r.last}`} ${
+      r.first === r.last ? "was" : "were"
+    } ${r.what}`
+  );
+  line(
+    "demo",
+    `why ${from} → ${to}: an epoch is the KV revision its tenure began at, and every write to the bucket takes the next revision: ${
+      spans.join(", ")
+    }, so ${after.node}'s take got ${to}`,
+  );
+}
+
+/**
+ * Records what took each revision of the key, from its first: the bucket
+ * is created (by a lease manager, as the nodes would) before the nodes
+ * start, so the watch misses none.
+ */
+async function recordRevisions(
+  nc: NatsConnection,
+  bucket: string,
+): Promise<void> {
+  const setup = await createLeaseManager({
+    nc,
+    node: "demo",
+    bucket,
+    ttl: TTL,
+  });
+  await setup.close();
+  const kv: KV = await new Kvm(nc).open(bucket);
+  const watch = await kv.watch({
+    key: KEY,
+    include: KvWatchInclude.AllHistory,
+  });
+  void (async () => {
+    for await (const e of watch) {
+      revisions.set(
+        e.revision,
+        e.operation === "PUT" ? e.string() : e.operation,
+      );
+    }
+  })();
 }
 
 /** Checks the timeline: one writer at a time, each new holder with a higher epoch. */
@@ -300,12 +386,14 @@ async function main(): Promise<number> {
       `Started nats-server ${server.version} on ${servers} (set NATS_URL to use your own)`,
     );
   }
+  const nc = await connect({ servers: servers.split(",") });
   const deadline = setTimeout(() => {
     console.error(`The demo did not finish within ${DEADLINE} ms`);
     for (const child of children.values()) child.kill("SIGKILL");
     process.exit(1);
   }, DEADLINE);
   try {
+    await recordRevisions(nc, bucket);
     return (await run(servers, bucket)) ? 0 : 1;
   } catch (err) {
     console.error(
@@ -318,13 +406,11 @@ async function main(): Promise<number> {
         child.kill("SIGKILL");
       }
     }
-    if (server) {
-      await server[Symbol.asyncDispose]();
-    } else {
-      const nc = await connect({ servers: servers.split(",") });
+    if (!server) {
       await new Kvm(nc).open(bucket).then((kv) => kv.destroy()).catch(() => {});
-      await nc.close();
     }
+    await nc.close();
+    await server?.[Symbol.asyncDispose]();
     clearTimeout(deadline);
   }
 }

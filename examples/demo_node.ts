@@ -41,14 +41,53 @@ const leases = await createLeaseManager({
 });
 emit("ready");
 
+// The tenure this node last reported taking, and the report (see took()).
+let taken: { epoch: number; reported: Promise<void> } | undefined;
+
+/**
+ * Reports that this node took the key at `epoch`, once per tenure, with how
+ * much of the failover grace is left: campaign() yields only after the
+ * grace, so without this line the node would look idle while it holds the
+ * key. A guard with `check: "lease"` asks without a round trip: in the
+ * grace it is refused with NotHolderError.retryAfter; past it (or with no
+ * grace owed) it runs the empty write at once on the last renewal. (Should
+ * the watch report the entry before the manager has read the reply to its
+ * acquire, the guard takes the compare-and-set path: one more renewal.)
+ */
+function took(epoch: number): Promise<void> {
+  if (taken?.epoch !== epoch) {
+    taken = { epoch, reported: report(epoch) };
+  }
+  return taken.reported;
+}
+
+async function report(epoch: number): Promise<void> {
+  let grace = 0;
+  try {
+    await leases.guard(key, () => {}, { check: "lease", signal: stop.signal });
+  } catch (err) {
+    if (err instanceof NotHolderError && err.retryAfter !== undefined) {
+      grace = err.retryAfter;
+    } else if (
+      err instanceof NotHolderError || err instanceof UnavailableError ||
+      stop.signal.aborted
+    ) {
+      return; // the tenure already ended, or this node is stopping
+    } else throw err;
+  }
+  emit("took", { epoch, grace });
+}
+
 // Who holds the key, as this node's watch sees it (a hint, never a licence
-// to write): reported whenever another node takes it.
+// to write): reported whenever another node takes it, and when this node
+// does (its own entry, at a new epoch).
 const watching = (async () => {
   let last = "";
   for await (const h of leases.watch(key, { signal: stop.signal })) {
     if (h !== null && h.node !== node && h.node !== last) {
       emit("waiting", { holder: h.node });
     }
+    if (h !== null && h.node === node) void took(h.epoch);
     last = h?.node ?? "";
   }
 })();
@@ -58,6 +97,9 @@ let writes = 0;
 // holder (after any grace), and campaigns again when that tenure ends. The
 // writes still go through guard(), which checks the lease at the commit point.
 for await (const lease of leases.campaign(key, { signal: stop.signal })) {
+  // Usually reported already, when the watch saw this node's entry; after a
+  // clean release the campaign can win before the watch reports it.
+  await took(lease.epoch);
   emit("leader", { epoch: lease.epoch });
   while (!lease.signal.aborted && !stop.signal.aborted) {
     try {
