@@ -965,6 +965,17 @@ export interface Port {
    * since: a stream edit, a server rolled back).
    */
   markerLife?(timeout: number): Promise<number>;
+  /**
+   * Optional: calls `fn` at each change of the connection, in order:
+   * `"down"` when it is lost, `"same"` when it is back on the server
+   * process it last had (which kept all it acknowledged), `"other"` when
+   * it is back on another server process: a restarted server, which may
+   * have lost writes it acknowledged (a tail not yet on disk), or another
+   * server of a cluster. The first `"down"` is reported before any reply
+   * sent after it is delivered. Without it, the manager never suspends a
+   * lease for a lost connection (see the safety argument, point 10).
+   */
+  onLink?(fn: (change: LinkChange) => void): void;
   /** Whether the connection is closed for good. */
   isClosed(): boolean;
   /** Settles when the connection closes for good. */
@@ -977,6 +988,9 @@ export interface Port {
    */
   close?(): void;
 }
+
+/** A change of the connection, as {@linkcode Port.onLink} reports it. */
+export type LinkChange = "down" | "same" | "other";
 
 // ---------------------------------------------------------------------------
 // Input checks: every one runs before anything is sent to the server.
@@ -1108,6 +1122,20 @@ class Tenure {
   readonly controller: AbortController = new AbortController();
   /** Local monotonic time until which the last confirmed CAS vouches for us. */
   validUntil = 0;
+  /**
+   * Not vouched for while set (point 10): the connection was lost, and the
+   * server it comes back to may have lost our acknowledged writes. Cleared
+   * when it comes back to the same server process, or once the key's last
+   * entry proves to be still ours.
+   */
+  suspended = false;
+  /** The manager's count of `"other"` reconnects when it was suspended. */
+  suspendedAt = 0;
+  /**
+   * A write of ours was in flight when the connection was lost: it may be
+   * applied by the server we reconnect to, after the suspension began.
+   */
+  crossed = false;
 
   constructor(epoch: number) {
     this.epoch = epoch;
@@ -1338,6 +1366,7 @@ class HeldLease implements Lease {
 
   throwIfLost(): void {
     if (this.signal.aborted) throw this.signal.reason;
+    if (this.#tenure.suspended) throw suspendedError(this.key);
     const now = this.#port.now();
     if (now >= this.#tenure.validUntil) {
       const err = expiredError(this.key);
@@ -1346,6 +1375,13 @@ class HeldLease implements Lease {
       throw err;
     }
   }
+}
+
+function suspendedError(key: string): UnavailableError {
+  return new UnavailableError(
+    key,
+    `Lease on '${key}' is not vouched for: the connection to the server was lost, and the lease counts again only once the server it comes back to confirms it`,
+  );
 }
 
 function expiredError(key: string): UnavailableError {
@@ -1403,6 +1439,12 @@ class Manager implements LeaseManager {
   readonly #leading = new Map<string, number>();
   /** The marker proof the acquisitions sent in this turn share (#markerProof). */
   #proof: Promise<number> | undefined;
+  /** The connection is up, as far as {@linkcode Port.onLink} told us. */
+  #linkUp = true;
+  /** How often the connection was lost: a reply that crossed a loss is not trusted. */
+  #downs = 0;
+  /** How often it came back on another server process. */
+  #moves = 0;
 
   constructor(port: Port, o: ManagerSettings) {
     this.#port = port;
@@ -1424,6 +1466,123 @@ class Manager implements LeaseManager {
     // A connection closed for good can neither renew nor release: stop the
     // timers (so the process can exit) and stop vouching for any lease.
     void port.closed().then(() => this.#connectionClosed());
+    port.onLink?.((change) => this.#onLink(change));
+  }
+
+  /**
+   * Point 10: a lost connection may be a server restart that lost the
+   * tail of what it acknowledged, our latest renewals included, and
+   * another process may then take the key at once, even at one of our
+   * revisions. So every lease stops being vouched for when the connection
+   * drops, and counts again when it comes back to the same server process
+   * (which lost nothing), or once the key's last entry on the server it
+   * comes back to is proven ours (#verify, before anything else is sent on
+   * the key).
+   */
+  #onLink(change: LinkChange): void {
+    if (change === "down") {
+      this.#linkUp = false;
+      this.#downs++;
+      for (const st of this.#keys.values()) {
+        // An acquire still unanswered may be applied by the other server,
+        // at a revision that is another holder's there: if it shows up as
+        // ours later, it is owed the longest grace.
+        for (const p of st.pending) p.grace = Math.max(p.grace, 2 * this.ttl);
+        const t = st.tenure;
+        if (!st.held || !t || t.controller.signal.aborted) continue;
+        if (!t.suspended) {
+          t.suspended = true;
+          t.suspendedAt = this.#moves;
+        }
+        if (st.busy) t.crossed = true;
+      }
+      return;
+    }
+    this.#linkUp = true;
+    if (change === "other") this.#moves++;
+    const now = this.#port.now();
+    for (const st of this.#keys.values()) {
+      const t = st.tenure;
+      if (!st.held || !t?.suspended) continue;
+      if (change === "same" && t.suspendedAt === this.#moves && !t.crossed) {
+        // The same server process all along: nothing it acknowledged is
+        // lost, and nothing of ours crossed the gap.
+        t.suspended = false;
+      } else if (!this.#stopped && !this.#defunct) {
+        // Prove the lease at once rather than at the next renewal.
+        st.renewAt = now;
+        this.#plan(st, now);
+      }
+    }
+  }
+
+  /**
+   * Ends the suspension of `st`'s tenure (point 10), or its tenure, or the
+   * manager: reads the key's last entry from the stream leader of the
+   * server we are now connected to. Our entry at the revision we last
+   * confirmed proves the server kept it (a write of ours still in flight
+   * can then only land on our own entry). Anything else at or below that
+   * revision proves the server lost writes it acknowledged to us: revisions
+   * are then reused, so no epoch or revision of this manager can be
+   * trusted again, and it stops for good. A later entry of another node is
+   * an ordinary loss; a later entry of ours is ours unless a write of ours
+   * crossed the gap (it may have landed on a revision reused by another
+   * holder), when the tenure ends and the key is acquired anew.
+   */
+  async #verify(st: KeyState): Promise<void> {
+    const t = st.tenure!;
+    const downs = this.#downs;
+    let seen: Seen | null;
+    try {
+      seen = await this.#read(st.subject, undefined, true);
+    } catch (err) {
+      this.#retryRenewal(st);
+      throw new UnavailableError(
+        st.key,
+        `cannot tell whether the lease survived the lost connection: ${
+          errText(err)
+        }`,
+        { cause: err },
+      );
+    }
+    if (downs !== this.#downs || !this.#linkUp) {
+      this.#retryRenewal(st);
+      throw new UnavailableError(st.key, suspendedError(st.key).message);
+    }
+    if (st.tenure !== t || !st.held) return;
+    const ours = this.#ours(st, seen);
+    if (ours && seen!.seq === st.rev) {
+      t.suspended = false;
+      t.crossed = false;
+      return;
+    }
+    if (seen !== null && seen.seq <= st.rev) {
+      this.#goDefunct(
+        `the server lost writes it had acknowledged: revision ${st.rev} of '${st.key}' was ours, and after the connection came back the key's last revision is ${seen.seq}${
+          ours ? "" : ` (${seen.kind === "put" ? `held by ${seen.node}` : "no holder"})`
+        } (run nats-server with jetstream { sync_interval: always }), so revisions and epochs repeat; this manager vouches for nothing more`,
+      );
+      throw new UnavailableError(st.key, this.#defunct!);
+    }
+    if (ours && !t.crossed) {
+      // Our own CAS, applied before the connection dropped, whose reply was
+      // lost with it.
+      st.rev = seen!.seq;
+      t.suspended = false;
+      return;
+    }
+    // Gone without a trace (a purge), another node's, or ours but possibly
+    // applied on another holder's reused revision: this tenure is over.
+    if (ours) {
+      t.end(
+        new UnavailableError(
+          st.key,
+          `Lease on '${st.key}' ended: a renewal crossed the lost connection, and the server it came back to may have applied it over another holder's entry`,
+        ),
+        this.#port.now(),
+      );
+    }
+    this.#lost(st, ours ? null : seen);
   }
 
   #state(key: string): KeyState {
@@ -1527,6 +1686,7 @@ class Manager implements LeaseManager {
     if (now < st.notBefore) {
       throw new NotHolderError(key, undefined, Math.ceil(st.notBefore - now));
     }
+    if (st.tenure!.suspended) throw suspendedError(key);
     this.#vouch(st, now);
     if (st.tenure!.controller.signal.aborted) {
       // The CAS landed but took so long that it no longer vouches for us.
@@ -1550,8 +1710,8 @@ class Manager implements LeaseManager {
     const t = st.tenure;
     if (
       !t || !st.held || st.releasing || st.gone || this.#closing ||
-      this.#defunct || t.controller.signal.aborted || signal?.aborted ||
-      this.#port.isClosed()
+      this.#defunct || t.controller.signal.aborted || t.suspended ||
+      signal?.aborted || this.#port.isClosed()
     ) return false;
     const now = this.#port.now();
     if (now < st.notBefore || t.validUntil - now < this.#margin) return false;
@@ -2209,7 +2369,19 @@ class Manager implements LeaseManager {
     const epoch = st.tenure!.epoch;
     for (let attempt = 0; attempt < 3; attempt++) {
       if (attempt > 0 && this.#givenUp(st)) return;
+      // Point 10: nothing is sent while the connection is down (nats.js
+      // would hold it and send it to whatever server comes back), and a
+      // suspended lease is proven before its CAS goes out.
+      if (!this.#linkUp) {
+        this.#retryRenewal(st);
+        throw new UnavailableError(st.key, suspendedError(st.key).message);
+      }
+      if (st.tenure!.suspended) {
+        await this.#verify(st);
+        if (!st.held || st.tenure!.suspended) return;
+      }
       const sent = this.#port.now();
+      const downs = this.#downs;
       let res: WriteResult;
       try {
         res = await this.#write(st, "PUT", st.rev, this.#tag(epoch));
@@ -2223,6 +2395,12 @@ class Manager implements LeaseManager {
           `the lease could not be renewed: ${errText(err)}`,
           { cause: (err as Error).cause ?? err },
         );
+      }
+      if (downs !== this.#downs) {
+        // Sent before the connection dropped, answered after: the server
+        // that applied it may have lost what came before. #verify decides.
+        this.#retryRenewal(st);
+        throw new UnavailableError(st.key, suspendedError(st.key).message);
       }
       if ("seq" in res) {
         if (sent >= st.tenure!.validUntil) {
@@ -2300,6 +2478,9 @@ class Manager implements LeaseManager {
       // matters for the grace below, never the skipped read.
       const probe = attempt === 0 && this.#markerLife > 0 && !st.probed;
       st.probed = true;
+      // A read and the CAS built on it must meet one server process
+      // (point 10): a restarted one may have reused the revision we read.
+      const downs = this.#downs;
       try {
         // Any replica will do: the CAS below decides, and it names the
         // revision it expects, whose content we read here.
@@ -2384,6 +2565,12 @@ class Manager implements LeaseManager {
         if (now - st.observed.at < this.ttl) return;
         grace = this.ttl;
       }
+      if (!this.#linkUp || downs !== this.#downs) {
+        throw new UnavailableError(
+          st.key,
+          "the lease could not be acquired: the connection to the server was lost",
+        );
+      }
       const expect = seen === null ? 0 : seen.seq;
       const sent = this.#port.now();
       const msgId = this.#tag(0);
@@ -2411,7 +2598,20 @@ class Manager implements LeaseManager {
       }
       if (!("seq" in res)) {
         st.pending.pop(); // refused, so it never lands
+        if (downs !== this.#downs) {
+          throw new UnavailableError(
+            st.key,
+            "the lease could not be acquired: the connection to the server was lost",
+          );
+        }
         continue; // the key moved: look again
+      }
+      if (downs !== this.#downs) {
+        // Applied by a server we reached after the connection dropped,
+        // over a revision we read before: it may have been another
+        // holder's there, alive and one TTL from its deadline.
+        proof = undefined;
+        grace = Math.max(grace, 2 * this.ttl);
       }
       if (proof !== undefined) {
         // Markers as they are now, answered about when the CAS was
@@ -2656,7 +2856,8 @@ class Manager implements LeaseManager {
     // have written since our revision.
     const clean = st.held && !st.busy && st.writes === 0 &&
       now >= st.notBefore && t !== undefined && now < t.validUntil &&
-      !this.#defunct && !this.#port.isClosed();
+      !t.suspended && this.#linkUp && !this.#defunct &&
+      !this.#port.isClosed();
     // The tenure ends before the delete is sent: once a successor can see
     // the key free, this node's lease signal has aborted.
     t?.end(
@@ -3119,6 +3320,7 @@ function natsPort(
     throw err;
   };
   const apiPrefix = jsm.getOptions().apiPrefix ?? "$JS.API";
+  let statusIter: { stop?: () => void } | undefined;
   const inbox = replyInbox(nc);
   inbox.retain();
   // A success after an unanswered request counts once the stream is
@@ -3186,9 +3388,15 @@ function natsPort(
         return currentMarkerLife(info, nc, markers);
       }).catch(() => 0);
     },
+    onLink(fn) {
+      statusIter = followLink(nc, fn);
+    },
     isClosed: () => nc.isClosed(),
     closed: () => nc.closed(),
-    close: () => inbox.release(),
+    close: () => {
+      inbox.release();
+      statusIter?.stop?.();
+    },
   };
 
   async function read(
@@ -3214,6 +3422,42 @@ function natsPort(
     if (!sm || sm.subject !== subject) return null;
     return rawEntry(sm.seq, sm.header, sm.data);
   }
+}
+
+/**
+ * Reports the connection's losses and returns to `fn` (see
+ * {@linkcode Port.onLink}), telling a return to the same server process
+ * from one to another by the `server_id` the server announces: a new
+ * process (a restart) announces a new one. nats.js dispatches a status
+ * when it notices the loss, before it reconnects, so `"down"` comes before
+ * any reply that crossed the gap. Returns the status iterator, to stop.
+ */
+function followLink(
+  nc: NatsConnection,
+  fn: (change: LinkChange) => void,
+): { stop?: () => void } {
+  const it = nc.status();
+  let server = nc.info?.server_id;
+  let down = false;
+  void (async () => {
+    try {
+      for await (const s of it) {
+        if (s.type === "disconnect" && !down) {
+          down = true;
+          fn("down");
+        } else if (s.type === "reconnect" && down) {
+          down = false;
+          const now = nc.info?.server_id;
+          const same = now !== undefined && now === server;
+          server = now;
+          fn(same ? "same" : "other");
+        }
+      }
+    } catch {
+      // The iterator ends with the connection; nothing to report then.
+    }
+  })();
+  return it as { stop?: () => void };
 }
 
 function rawEntry(
