@@ -3483,6 +3483,15 @@ function rawEntry(
  * operator's delete, and a server's expiry marker from a purge. The
  * consumer recreates itself after a reconnect or a gap; if it gives up, a
  * new one starts after a backoff. Deliveries are deduplicated by revision.
+ *
+ * When nats.js (3.4) recreates the ordered consumer (after a reconnect
+ * that finds it gone, as after a server restart, or a gap), it keeps the
+ * count of messages the old consumer's pull still owed: the new pull asks
+ * for only the rest (one message of 64), and nothing pulls again until two
+ * idle heartbeats are missed (30 s). Such a watch reports one message and
+ * then goes quiet, and waiters fall back to reads once per TTL. So once it
+ * has recreated itself, the watch starts a fresh consumer instead (from
+ * the subject's last message, as always: nothing in between is missed).
  */
 function watchSubject(
   nc: NatsConnection,
@@ -3533,9 +3542,20 @@ function watchSubject(
           deliver_policy: DeliverPolicy.LastPerSubject,
         });
         if (stopped) return;
-        messages = await consumer.consume({ max_messages: 64 });
-        if (stopped) messages.stop();
-        for await (const m of messages) {
+        const msgs = messages = await consumer.consume({ max_messages: 64 });
+        if (stopped) msgs.stop();
+        void (async () => {
+          // Ends when `msgs` stops.
+          for await (const s of msgs.status()) {
+            if (s.type === "ordered_consumer_recreated") {
+              // Only now: `consumer` names the recreated one, which drop()
+              // then deletes rather than leaving it to linger.
+              msgs.stop();
+              return;
+            }
+          }
+        })().catch(() => {});
+        for await (const m of msgs) {
           fails = 0;
           deliver(rawEntry(m.seq, m.headers, m.data));
         }
