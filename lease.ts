@@ -40,8 +40,9 @@
  *   `markers: false` the grace kept them apart but epochs still repeated.
  *   Run the server with `jetstream { sync_interval: always }` (every write
  *   is synced before it is acknowledged) where leases fence anything that
- *   matters. This client does not yet detect a lost tail: until it does,
- *   one is outside the guarantee.
+ *   matters. Without it, point 10 keeps holders apart when the lost tail
+ *   comes with a restart that drops their connections, with the residue it
+ *   lists; epochs may still repeat (10).
  * - The server: the stream leader applies a compare-and-set atomically
  *   (nats-server 2.9.21+ on replicated streams, checked at start-up where
  *   the client can see the servers); it expires an entry no earlier than
@@ -184,9 +185,38 @@
  *    for any guarded write. What is given up: an operator's delete or a
  *    foreign overwrite is noticed at the next renewal (at most TTL/3
  *    later), not at the next write (a delete still owes a successor two
- *    TTLs, 3), and writes go on through an outage until the margin. Too
+ *    TTLs, 3), and writes go on through an outage that keeps the
+ *    connection (a paused server, a stalled network) until the margin; a
+ *    dropped connection stops them at once (10). Too
  *    small a margin, or clocks faster than assumed, lets a write start
  *    after a successor's CAS: the simulator shows both (sim/README.md).
+ * 10. **A lost connection suspends every lease until it is proven again.**
+ *    A server can lose writes it acknowledged only across a restart
+ *    (durability above), and a restart drops every connection to it. From
+ *    the moment the client sees its connection drop, no lease of the
+ *    manager is vouched for: `throwIfLost()` throws, lease-checked guards
+ *    take the CAS path, and nothing is sent on any key until the
+ *    connection is back (nats.js would hold it and send it to whatever
+ *    server answers next). Back on the same server process (the same
+ *    `server_id`), which lost nothing, the leases count again at once. On
+ *    another process (a restart, or another server of the cluster), each
+ *    held key's last entry is read from the stream leader before anything
+ *    else is sent on it: our own entry at the revision we last confirmed
+ *    proves it kept; anything else at or below that revision proves the
+ *    server lost writes it acknowledged, so revisions and epochs repeat
+ *    and the manager stops for good (as for a re-created bucket, 7). A
+ *    reply to a write sent before the drop and received after it is not
+ *    trusted: it may have been applied by the new process over a revision
+ *    it reused. So a successor that takes a key the lost tail emptied,
+ *    even at once, never writes beside this holder's writes from the
+ *    drop on. Residue: a server whose machine vanishes without closing
+ *    connections is noticed at the holder's next send (a CAS guard at
+ *    once, a renewal within TTL/3), and lease-checked writes until then
+ *    are outside the guarantee; a holder connected to a cluster server
+ *    that kept running while the servers holding the stream lost a tail
+ *    is not suspended; and the successor's epoch may equal the lost
+ *    holder's, so a store that refuses only older epochs accepts both
+ *    tenures' writes (before and after the restart) under one epoch.
  *
  * @module
  */
@@ -463,8 +493,12 @@ export interface Lease {
   readonly deadline: number;
   /**
    * Throws the loss reason if `signal` aborted, or an
-   * {@linkcode UnavailableError} if the deadline has passed. Made for
-   * "check right before you commit".
+   * {@linkcode UnavailableError} if the deadline has passed or while the
+   * lease is suspended: from the moment the connection drops until it is
+   * back on the same server process, or the server it comes back to has
+   * confirmed the lease (a restarted server may have lost the writes that
+   * renewed it). A suspension does not abort `signal`: the lease may count
+   * again. Made for "check right before you commit".
    */
   throwIfLost(): void;
 }
@@ -1559,7 +1593,9 @@ class Manager implements LeaseManager {
     if (seen !== null && seen.seq <= st.rev) {
       this.#goDefunct(
         `the server lost writes it had acknowledged: revision ${st.rev} of '${st.key}' was ours, and after the connection came back the key's last revision is ${seen.seq}${
-          ours ? "" : ` (${seen.kind === "put" ? `held by ${seen.node}` : "no holder"})`
+          ours
+            ? ""
+            : ` (${seen.kind === "put" ? `held by ${seen.node}` : "no holder"})`
         } (run nats-server with jetstream { sync_interval: always }), so revisions and epochs repeat; this manager vouches for nothing more`,
       );
       throw new UnavailableError(st.key, this.#defunct!);
