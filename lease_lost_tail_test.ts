@@ -19,11 +19,9 @@ import { after, describe } from "node:test";
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
 import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
   createLeaseManager,
@@ -32,33 +30,19 @@ import {
   UnavailableError,
 } from "./mod.ts";
 import {
+  conn,
   eventually,
   guardUntil,
+  markersSupported,
   sleep,
   uniq,
+  versionOf,
 } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 
-const VERSION = /v?(\d+\.\d+\.\d+)/.exec(
-  execFileSync(natsServerBinary(), ["--version"], { encoding: "utf8" }),
-)?.[1] ?? "unknown";
+const VERSION = versionOf(natsServerBinary());
 const MARKERS = markersSupported(VERSION);
-
-/** Subject delete markers on expiry work from 2.11.2. */
-function markersSupported(version: string): boolean {
-  const [a = 0, b = 0, c = 0] = version.split(".").map(Number);
-  return a > 2 || (a === 2 && (b > 11 || (b === 11 && c >= 2)));
-}
-
-async function conn(url: string): Promise<NatsConnection> {
-  return await connect({
-    servers: url,
-    maxReconnectAttempts: -1,
-    reconnectTimeWait: 100,
-    ignoreClusterUpdates: true,
-  });
-}
 
 /** Prints measured figures (ms). */
 function report(what: string, figures: Record<string, number | string>) {

@@ -15,11 +15,9 @@ import { after, describe } from "node:test";
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
 import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import * as fs from "node:fs";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
-import { connect } from "@nats-io/transport-node";
 import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
@@ -28,28 +26,19 @@ import {
   UnavailableError,
 } from "./mod.ts";
 import {
+  conn,
   eventually,
   guardUntil,
+  markersSupported,
   sleep,
   uniq,
+  versionOf,
 } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 
 /** Long enough that a lowered marker TTL (1 s) leaves a gap to see. */
 const TTL = 2000;
-
-function versionOf(binary: string): string {
-  return /v?(\d+\.\d+\.\d+)/.exec(
-    execFileSync(binary, ["--version"], { encoding: "utf8" }),
-  )?.[1] ?? "unknown";
-}
-
-/** Subject delete markers on expiry work from 2.11.2 (nats-server#6741). */
-function markersSupported(version: string): boolean {
-  const [a = 0, b = 0, c = 0] = version.split(".").map(Number);
-  return a > 2 || (a === 2 && (b > 11 || (b === 11 && c >= 2)));
-}
 
 const SERVER_VERSION = versionOf(natsServerBinary());
 const MARKERS = markersSupported(SERVER_VERSION);
@@ -61,16 +50,6 @@ const ROLLBACK_BIN = process.env.NATS_ROLLBACK_BIN ??
 const ROLLBACK_VERSION = fs.existsSync(ROLLBACK_BIN)
   ? versionOf(ROLLBACK_BIN)
   : undefined;
-
-async function conn(url: string): Promise<NatsConnection> {
-  return await connect({
-    servers: url,
-    maxReconnectAttempts: -1,
-    reconnectTimeWait: 100,
-    // Through a proxy, stay behind it: never dial a server it gossips.
-    ignoreClusterUpdates: true,
-  });
-}
 
 /** Prints measured figures (ms). */
 function report(what: string, figures: Record<string, number>): void {

@@ -1,4 +1,7 @@
 // Small helpers shared by the lease test files.
+import { execFileSync } from "node:child_process";
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
 import {
   type Lease,
   type LeaseManager,
@@ -55,4 +58,30 @@ export async function guardUntil<T>(
       await sleep(pause);
     }
   }
+}
+
+/**
+ * A connection that reconnects for ever, quickly, and never dials a server
+ * it hears of from the one it reached (through a proxy, it stays behind it).
+ */
+export async function conn(url: string): Promise<NatsConnection> {
+  return await connect({
+    servers: url,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 100,
+    ignoreClusterUpdates: true,
+  });
+}
+
+/** The `x.y.z` version a nats-server binary reports. */
+export function versionOf(binary: string): string {
+  return /v?(\d+\.\d+\.\d+)/.exec(
+    execFileSync(binary, ["--version"], { encoding: "utf8" }),
+  )?.[1] ?? "unknown";
+}
+
+/** Subject delete markers on expiry work from 2.11.2 (nats-server#6741). */
+export function markersSupported(version: string): boolean {
+  const [a = 0, b = 0, c = 0] = version.split(".").map(Number);
+  return a > 2 || (a === 2 && (b > 11 || (b === 11 && c >= 2)));
 }
