@@ -188,8 +188,8 @@ const SUBCOMMANDS: Record<
     summary: "run CMD only while holding KEY",
     about:
       `Waits for its turn on KEY (a watch, no polling), then runs CMD in a process
-group of its own with LEASE_KEY, LEASE_NODE and LEASE_EPOCH in its
-environment, renewing the lease while it runs. When CMD exits the lease is
+group of its own with LEASE_KEY, LEASE_NODE, LEASE_EPOCH and LEASE_TENURE
+in its environment, renewing the lease while it runs. When CMD exits the lease is
 released at once and lease exits with CMD's status (128 + N for signal N).
 While it waits it says on stderr who holds KEY.
 
@@ -201,7 +201,8 @@ killed (SIGKILL), and at the lease's deadline when lease is paused (SIGSTOP)
 or frozen; a successor starts only after the TTL and the grace. CMD starts
 only once the watchdog says it is running, and is stopped if it dies (exit
 ${EXIT.NO_WATCHDOG}). A process that leaves CMD's process group (setsid, a double fork)
-is out of reach of both, unless --contain: fence its writes with LEASE_EPOCH.`,
+is out of reach of both, unless --contain: fence its writes with LEASE_EPOCH
+(and LEASE_TENURE, see docs/safety.md).`,
     notes:
       `Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.BAD_DURATION} a bad
 duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
@@ -834,6 +835,7 @@ async function run(a: Args): Promise<number> {
           LEASE_KEY: a.key,
           LEASE_NODE: a.node,
           LEASE_EPOCH: String(lease.epoch),
+          LEASE_TENURE: lease.tenure,
         },
       });
       const exited = new Promise<number>((resolve) => {

@@ -229,6 +229,7 @@ describe("the lease command", () => {
     const help = lease(["run", "--help"]);
     assert.equal(await help.exited, 0);
     assert.match(help.out(), /LEASE_EPOCH/);
+    assert.match(help.out(), /LEASE_TENURE/);
   });
 
   test("--opt=value works as --opt value, for lease run and lease holder; a switch given a value exits 64", async () => {

@@ -217,6 +217,10 @@
  *    is not suspended; and the successor's epoch may equal the lost
  *    holder's, so a store that refuses only older epochs accepts both
  *    tenures' writes (before and after the restart) under one epoch.
+ *    `Lease.tenure` names each tenure uniquely: a store that refuses the
+ *    newest epoch it accepted when another tenure sends it (as well as
+ *    older epochs) never accepts two tenures under one epoch, at the cost
+ *    of refusing that successor until it takes the key anew.
  *
  * @module
  */
@@ -476,6 +480,31 @@ export interface Lease {
    * holder (within one incarnation of the bucket).
    */
   readonly epoch: number;
+  /**
+   * An opaque id of this tenure, unique to it among every manager's
+   * tenures: the epoch alone is not, once a server has lost writes it
+   * acknowledged and numbers new ones with the lost revisions again (the
+   * safety argument's durability assumption, point 10). A store that keeps,
+   * with the newest epoch it accepted, the tenure that wrote under it, and
+   * refuses an older epoch or that epoch from another tenure, never accepts
+   * two tenures' writes under one epoch. A holder refused that way took the
+   * key at a reused revision: release it and take it again (the stream's
+   * sequence moves past the stale epoch with every write).
+   *
+   * @example A store fenced by epoch and tenure
+   * ```ts ignore
+   * let newest = { epoch: 0, tenure: "" };
+   * function accept(lease: Lease): void {
+   *   const { epoch, tenure } = lease;
+   *   if (epoch < newest.epoch || (epoch === newest.epoch && tenure !== newest.tenure)) {
+   *     throw new Error(`fenced: epoch ${epoch} of tenure ${tenure} after ${newest.epoch} of ${newest.tenure}`);
+   *   }
+   *   newest = { epoch, tenure };
+   * }
+   * await leases.guard("orders", (lease) => accept(lease));
+   * ```
+   */
+  readonly tenure: string;
   /**
    * Aborts as soon as the manager learns the lease is lost (a renewal found
    * another holder), can no longer vouch for it (the deadline passed), the
@@ -1153,6 +1182,8 @@ function batch(): Batch {
  */
 class Tenure {
   readonly epoch: number;
+  /** {@linkcode Lease.tenure}: this manager's instance id and a count. */
+  readonly id: string;
   readonly controller: AbortController = new AbortController();
   /** Local monotonic time until which the last confirmed CAS vouches for us. */
   validUntil = 0;
@@ -1171,8 +1202,9 @@ class Tenure {
    */
   crossed = false;
 
-  constructor(epoch: number) {
+  constructor(epoch: number, id: string) {
     this.epoch = epoch;
+    this.id = id;
   }
 
   /** Ends the tenure: the signal aborts and the deadline stops at `now`. */
@@ -1363,6 +1395,7 @@ class HeldLease implements Lease {
   readonly key: string;
   readonly node: string;
   readonly epoch: number;
+  readonly tenure: string;
   readonly signal: AbortSignal;
   readonly #tenure: Tenure;
   readonly #port: Port;
@@ -1377,6 +1410,7 @@ class HeldLease implements Lease {
     this.key = key;
     this.node = node;
     this.epoch = tenure.epoch;
+    this.tenure = tenure.id;
     this.signal = signal;
     this.#tenure = tenure;
     this.#port = port;
@@ -1444,6 +1478,8 @@ class Manager implements LeaseManager {
   /** Tags our writes so a restarted process with our node id is told apart. */
   readonly #instance: string;
   #counter = 0;
+  /** Tenures this manager has begun: {@linkcode Lease.tenure}'s count. */
+  #tenures = 0;
   /**
    * The highest revision any of our writes was applied at. Revisions only
    * grow within one stream, so a write applied at or below the value this
@@ -2667,7 +2703,7 @@ class Manager implements LeaseManager {
     if (st.gone) return;
     st.held = true;
     st.rev = seq;
-    st.tenure = new Tenure(seq);
+    st.tenure = new Tenure(seq, `${this.#instance}.${++this.#tenures}`);
     st.pending = [];
     st.observed = undefined;
     st.foreign = undefined;
@@ -2684,7 +2720,7 @@ class Manager implements LeaseManager {
     if (t.controller.signal.aborted) {
       // The deadline passed before this confirmation came: same epoch, but
       // leases handed out before keep their ended signal.
-      t = st.tenure = new Tenure(t.epoch);
+      t = st.tenure = new Tenure(t.epoch, t.id);
     }
     // The server stamps the entry when the CAS arrives, after `sent`, and
     // expires it no earlier than a TTL later.

@@ -44,12 +44,43 @@ import { NatsProxy } from "./test_util/proxy.ts";
 const VERSION = versionOf(natsServerBinary());
 const MARKERS = markersSupported(VERSION);
 
+/** Whether `fn` throws. */
+function throws(fn: () => void): boolean {
+  try {
+    fn();
+    return false;
+  } catch {
+    return true;
+  }
+}
+
 /** Prints measured figures (ms). */
 function report(what: string, figures: Record<string, number | string>) {
   const text = Object.entries(figures).map(([k, v]) =>
     typeof v === "number" ? `${k}=${Math.round(v)} ms` : `${k}=${v}`
   ).join(", ");
   console.log(`  [figures] ${what}: ${text}`);
+}
+
+/**
+ * The fencing rule `Lease.tenure` is for: a store that accepted A's writes
+ * under its epoch then refuses B's first write unless B's epoch is newer,
+ * even when the lost tail handed B the very same epoch.
+ */
+function assertFenced(
+  a: { epoch: number; tenure: string },
+  b: { epoch: number; tenure: string },
+): void {
+  assert.notEqual(b.tenure, a.tenure, "two tenures share an id");
+  const refused = b.epoch < a.epoch ||
+    (b.epoch === a.epoch && b.tenure !== a.tenure);
+  assert.equal(
+    refused,
+    b.epoch <= a.epoch,
+    `a store fenced by epoch and tenure ${
+      refused ? "refused" : "accepted"
+    } B (epoch ${b.epoch}) after A (epoch ${a.epoch})`,
+  );
 }
 
 describe("a server restart that lost acknowledged writes", () => {
@@ -112,10 +143,10 @@ describe("a server restart that lost acknowledged writes", () => {
           const dir = await snapshot(); // `k` has no entry here
           // The tenure's own signal (no caller signal is followed): it
           // tells this tenure's writes from a later one's.
-          const [epochA, tenure] = await guardUntil(
+          const [epochA, tenure, idA] = await guardUntil(
             a,
             "k",
-            (l) => [l.epoch, l.signal] as const,
+            (l) => [l.epoch, l.signal, l.tenure] as const,
             3 * ttl,
           );
           // A writes every 10 ms with lease-checked guards, and runs one
@@ -151,9 +182,9 @@ describe("a server restart that lost acknowledged writes", () => {
             markers,
           });
           managers.push(b);
-          const [bFirst, epochB] = await b.guard(
+          const [bFirst, epochB, idB] = await b.guard(
             "k",
-            (l) => [performance.now(), l.epoch] as const,
+            (l) => [performance.now(), l.epoch, l.tenure] as const,
             { wait: true, signal: AbortSignal.timeout(6 * ttl) },
           );
           // A's tenure ends (or its manager stops) once its connection is
@@ -172,6 +203,10 @@ describe("a server restart that lost acknowledged writes", () => {
               ? `refused (${(longError as Error)?.name})`
               : `committed ${Math.round(longCommit - restarted)} ms after`,
             epochs: `${epochA} then ${epochB}`,
+          });
+          assertFenced({ epoch: epochA, tenure: idA }, {
+            epoch: epochB,
+            tenure: idB,
           });
           assert.deepEqual(
             late.map((t) => Math.round(t - bFirst)),
@@ -202,6 +237,72 @@ describe("a server restart that lost acknowledged writes", () => {
   }
 
   test(
+    "a blip that brings the connection back to the same server process suspends the lease while it lasts, and the lease counts again at once, without a round trip",
+    { timeout: 60_000 },
+    async () => {
+      const bucket = uniq("blip");
+      // Renewals every 2 s: none is due around the blip.
+      const ttl = 6000;
+      const proxy = await NatsProxy.start(ns.port);
+      const ncA = await conn(proxy.url);
+      const managers: LeaseManager[] = [];
+      try {
+        const a = await createLeaseManager({
+          nc: ncA,
+          node: "a",
+          bucket,
+          ttl,
+          timeout: 500,
+        });
+        managers.push(a);
+        // A compare-and-set guard: no write of ours is in flight when the
+        // connection drops right after it, so nothing crossed the gap.
+        const lease = await guardUntil(a, "k", (l) => l, 3 * ttl);
+        const statuses = ncA.status();
+        const back = (async () => {
+          for await (const s of statuses) if (s.type === "reconnect") return;
+        })();
+        const dropped = performance.now();
+        // The way back is held until the suspension is seen: a reconnect
+        // can take a millisecond.
+        proxy.hold("up");
+        proxy.dropConnections();
+        await eventually(
+          () => throws(() => lease.throwIfLost()),
+          ttl,
+          "the lease is suspended while the connection is down",
+        );
+        assert.ok(!lease.signal.aborted, "a suspension ends no tenure");
+        proxy.release("up");
+        await back;
+        // From here nothing reaches the server: only a lease that counts
+        // again without asking it can vouch.
+        proxy.hold("up");
+        await eventually(
+          () => !throws(() => lease.throwIfLost()),
+          1000,
+          "the lease counts again on the same server process without a round trip",
+          1,
+        );
+        const resumed = performance.now();
+        const epoch = await a.guard("k", (l) => l.epoch, { check: "lease" });
+        report("blip, same server", {
+          reconnected: resumed - dropped,
+        });
+        assert.equal(epoch, lease.epoch);
+        proxy.release("up");
+        assert.equal(await a.guard("k", (l) => l.tenure), lease.tenure);
+        assert.ok(!lease.signal.aborted, String(lease.signal.reason));
+      } finally {
+        proxy.release("both");
+        await Promise.allSettled(managers.map((m) => m.close()));
+        await ncA.close();
+        await proxy.close();
+      }
+    },
+  );
+
+  test(
     "a holder that reconnects late finds its revision reused by another holder: its compare-and-set is never sent on it, and it never writes again",
     {
       timeout: 60_000,
@@ -229,7 +330,7 @@ describe("a server restart that lost acknowledged writes", () => {
         managers.push(a);
         await a.guard("other", () => {});
         const dir = await snapshot();
-        const epochA = await a.guard("k", (l) => l.epoch, {
+        const [epochA, idA] = await a.guard("k", (l) => [l.epoch, l.tenure], {
           wait: true,
           signal: AbortSignal.timeout(3 * ttl),
         });
@@ -245,7 +346,7 @@ describe("a server restart that lost acknowledged writes", () => {
           ttl,
         });
         managers.push(b);
-        const epochB = await b.guard("k", (l) => l.epoch, {
+        const [epochB, idB] = await b.guard("k", (l) => [l.epoch, l.tenure], {
           wait: true,
           signal: AbortSignal.timeout(3 * ttl),
         });
@@ -282,6 +383,10 @@ describe("a server restart that lost acknowledged writes", () => {
           epochA,
           "B was to take k at the revision A had (the tail was lost)",
         );
+        assertFenced({ epoch: epochA, tenure: idA }, {
+          epoch: epochB,
+          tenure: idB,
+        });
         assert.deepEqual(aWrites, [], "A wrote under a lease B holds");
         assert.ok(lastError instanceof UnavailableError, String(lastError));
         assert.match(

@@ -12,6 +12,9 @@
  * it. Each guarded write carries an epoch, the KV revision at which the
  * holder's tenure began, and every later holder's epoch is higher. A store
  * that remembers the highest epoch it accepted can turn the late write away.
+ * It also remembers which tenure wrote under that epoch: only a server that
+ * lost writes it had acknowledged repeats an epoch, and then the tenure
+ * tells the two holders apart.
  *
  * The story below runs two nodes in one process, each with its own
  * connection, so that one of them can be cut off:
@@ -34,18 +37,28 @@ import {
   NotHolderError,
 } from "../mod.ts";
 
-/** A record store that accepts a write only from the newest epoch it has seen. */
+/**
+ * A record store that accepts a write only from the newest epoch it has
+ * seen, and that epoch only from the tenure that first wrote under it: a
+ * server that lost writes it had acknowledged can hand the same epoch to a
+ * second holder (see `Lease.tenure`).
+ */
 class FencedStore {
-  #newest = 0;
+  #newest = { epoch: 0, tenure: "" };
   readonly rows: { value: string; epoch: number }[] = [];
 
-  write(value: string, epoch: number): void {
-    if (epoch < this.#newest) {
+  write(value: string, { epoch, tenure }: Lease): void {
+    if (epoch < this.#newest.epoch) {
       throw new Error(
-        `stale epoch ${epoch}: the store already accepted epoch ${this.#newest}`,
+        `stale epoch ${epoch}: the store already accepted epoch ${this.#newest.epoch}`,
       );
     }
-    this.#newest = epoch;
+    if (epoch === this.#newest.epoch && tenure !== this.#newest.tenure) {
+      throw new Error(
+        `epoch ${epoch} repeated by another tenure: the server lost writes it had acknowledged; take the lease anew`,
+      );
+    }
+    this.#newest = { epoch, tenure };
     this.rows.push({ value, epoch });
     console.log(`store   accepted '${value}' at epoch ${epoch}`);
   }
@@ -63,7 +76,7 @@ const a = await createLeaseManager({ nc: ncA, node: "node-a", ...options });
 const b = await createLeaseManager({ nc: ncB, node: "node-b", ...options });
 try {
   // 1. node-a takes the lease and writes.
-  await guardWithRetry(a, (lease) => store.write("a1", lease.epoch));
+  await guardWithRetry(a, (lease) => store.write("a1", lease));
 
   // 2. node-a's next write passes the lease check, then node-a freezes.
   let wakeUp!: () => void;
@@ -75,11 +88,11 @@ try {
     console.log(
       `node-a  woke up; its lease signal says aborted=${lease.signal.aborted}, but it writes anyway`,
     );
-    store.write("a2", lease.epoch);
+    store.write("a2", lease);
   });
 
   // 3. node-b waits until the lease expires, then through the grace.
-  await guardWithRetry(b, (lease) => store.write("b1", lease.epoch));
+  await guardWithRetry(b, (lease) => store.write("b1", lease));
 
   // 4. node-a's write arrives late and is fenced off.
   wakeUp();
