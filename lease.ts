@@ -265,7 +265,9 @@ export const MIN_TTL = 500;
  * the first vote fails, nats-server holds the next election 4 to 9 s later.
  * A cluster that answers "JetStream system temporarily unavailable" (no
  * meta leader yet, as while its servers start or after one restarts) is
- * asked again until this long has passed since set-up began.
+ * asked again until this long has passed since set-up began, and so is a
+ * read that got no answer within 5 s (or `timeout`, if longer): a cluster
+ * electing a leader drops requests without answering them.
  *
  * @example How long set-up may wait, whatever `timeout` says
  * ```ts
@@ -3047,16 +3049,33 @@ function isStreamNotFound(err: unknown): boolean {
 }
 
 /**
+ * Each attempt of a set-up read gets this long (or the request timeout, if
+ * longer) before it is asked again, within {@linkcode SETUP_TIMEOUT}.
+ */
+const SETUP_ATTEMPT = 5_000;
+
+/** Whether `err` is a request that got no answer in time. */
+function isTimeout(err: unknown): boolean {
+  return err instanceof TimeoutError ||
+    (err instanceof Error && err.name === "TimeoutError");
+}
+
+/**
  * Runs a set-up request again, with a growing pause, while a JetStream
  * cluster answers that it is temporarily unavailable (10008: it has no meta
  * leader), until `deadline` (performance.now() time). That answer means the
- * request was not acted on, so asking again is safe. Any other answer or
- * error is the request's own.
+ * request was not acted on, so asking again is safe. With `reads`, a
+ * request that got no answer at all is asked again too: a cluster drops a
+ * JetStream API request that reaches it while the meta group elects a
+ * leader, and answers none later (seen on 2.15.2 right after a restart,
+ * lease_lost_tail_test.ts), and a read is safe to repeat. Any other answer
+ * or error is the request's own.
  */
 async function whileLeaderless<T>(
   request: () => Promise<T>,
   deadline: number,
   signal: AbortSignal | undefined,
+  reads = false,
 ): Promise<T> {
   for (let pause = 100;; pause = Math.min(2 * pause, 1000)) {
     try {
@@ -3064,7 +3083,8 @@ async function whileLeaderless<T>(
     } catch (err) {
       const leaderless = err instanceof JetStreamApiError &&
         err.code === 10008;
-      if (!leaderless || performance.now() + pause >= deadline) throw err;
+      const again = leaderless || (reads && isTimeout(err));
+      if (!again || performance.now() + pause >= deadline) throw err;
     }
     let timer: ReturnType<typeof setTimeout> | undefined;
     const wait = new Promise<void>((r) => timer = setTimeout(r, pause));
@@ -3910,6 +3930,8 @@ export async function unsafeReplicaReason(
     try {
       info = await within(jsm.streams.info(stream), left(), "stream info");
     } catch (err) {
+      // Unanswered (a leader election drops requests): ask again.
+      if (isTimeout(err) && left() >= 2 * PEER_RETRY_MS) continue;
       return `${subject}: cannot read its stream info: ${errText(err)}.`;
     }
     replicas = info.config.num_replicas ?? 1;
@@ -4116,11 +4138,16 @@ export async function createLeaseManager(
   // Set-up is off the write path, so it may wait longer than a lease
   // operation: see SETUP_TIMEOUT.
   const setupTimeout = Math.max(o.timeout, SETUP_TIMEOUT);
+  const setupDeadline = performance.now() + setupTimeout;
   const again = <T>(request: () => Promise<T>) =>
-    whileLeaderless(request, performance.now() + setupTimeout, o.signal);
+    whileLeaderless(request, setupDeadline, o.signal);
+  const read = <T>(request: () => Promise<T>) =>
+    whileLeaderless(request, setupDeadline, o.signal, true);
+  // Reads get shorter attempts, asked again until the set-up deadline.
+  const attempt = Math.min(setupTimeout, Math.max(o.timeout, SETUP_ATTEMPT));
   let jsm: JetStreamManager;
   try {
-    jsm = await again(() => jetstreamManager(nc, { timeout: setupTimeout }));
+    jsm = await read(() => jetstreamManager(nc, { timeout: attempt }));
   } catch (err) {
     if (isNoResponders(err)) {
       throw new Error(
@@ -4132,7 +4159,7 @@ export async function createLeaseManager(
     }
     throw err;
   }
-  const existing = await again(() => bucketStatus(jsm, o.bucket));
+  const existing = await read(() => bucketStatus(jsm, o.bucket));
   if (existing) {
     if (existing.ttl <= 0) {
       throw new RangeError(

@@ -23,6 +23,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import type { NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
 import {
   createLeaseManager,
   type LeaseManager,
@@ -38,11 +39,20 @@ import {
   uniq,
   versionOf,
 } from "./test_util/lease_helpers.ts";
-import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
+import {
+  NatsCluster,
+  NatsServer,
+  natsServerBinary,
+} from "./test_util/nats_server.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 
 const VERSION = versionOf(natsServerBinary());
 const MARKERS = markersSupported(VERSION);
+/** Replicated buckets need a compare-and-set that 2.9.21 made safe. */
+const CAS_SAFE = (() => {
+  const [a = 0, b = 0, c = 0] = VERSION.split(".").map(Number);
+  return a > 2 || (a === 2 && (b > 9 || (b === 9 && c >= 21)));
+})();
 
 /** Whether `fn` throws. */
 function throws(fn: () => void): boolean {
@@ -404,3 +414,141 @@ describe("a server restart that lost acknowledged writes", () => {
     },
   );
 });
+
+describe("an R3 cluster that lost power: every server restarted from an older copy of its store", () => {
+  test(
+    "the holder's writes all stop before a fresh process's first write on the key the lost tail emptied",
+    {
+      timeout: 120_000,
+      skip: CAS_SAFE
+        ? false
+        : `nats-server ${VERSION} refuses replicated buckets (CAS unsafe before 2.9.21)`,
+    },
+    async () => {
+      await using cluster = await NatsCluster.start(3);
+      const snapshots = fs.mkdtempSync(path.join(os.tmpdir(), "lease-r3-"));
+      const bucket = uniq("r3tail");
+      const stream = `KV_${bucket}`;
+      // Longer than the cluster takes to elect leaders after the restart
+      // (about 5 s here), so that B is ready while A's deadline still runs.
+      const ttl = 10_000;
+      const opts = {
+        servers: cluster.urls,
+        maxReconnectAttempts: -1,
+        reconnectTimeWait: 100,
+      };
+      const ncA = await connect(opts);
+      let ncB: NatsConnection | undefined;
+      const managers: LeaseManager[] = [];
+      try {
+        const a = await createLeaseManager({
+          nc: ncA,
+          node: "a",
+          bucket,
+          ttl,
+          replicas: 3,
+          timeout: 500,
+        });
+        managers.push(a);
+        await guardUntil(a, "other", () => {}, 3 * ttl); // in use
+        await leaderOf(cluster, stream);
+        const all = [0, 1, 2];
+        // Every store as it is before A takes `k`: all paused at once, so
+        // none applies anything while copied.
+        await Promise.all(all.map((i) => cluster.pause(i)));
+        try {
+          for (const i of all) {
+            fs.cpSync(
+              cluster.servers[i]!.storeDir,
+              path.join(snapshots, `n${i}`),
+              { recursive: true },
+            );
+          }
+        } finally {
+          await Promise.all(all.map((i) => cluster.resume(i)));
+        }
+        const [epochA, tenure, idA] = await guardUntil(
+          a,
+          "k",
+          (l) => [l.epoch, l.signal, l.tenure] as const,
+          3 * ttl,
+        );
+        const aWrites: number[] = [];
+        const loop = (async () => {
+          while (!tenure.aborted) {
+            await a.guard("k", (l) => {
+              if (l.signal === tenure) aWrites.push(performance.now());
+            }, { check: "lease" }).catch(() => {});
+            await sleep(10);
+          }
+        })();
+        await sleep(200);
+        // Every server dies at once (a power failure before the tail was
+        // synced) and comes back from its copy, without A's tenure.
+        await Promise.all(all.map((i) => cluster.kill(i)));
+        for (const i of all) {
+          const dir = cluster.servers[i]!.storeDir;
+          fs.rmSync(dir, { recursive: true, force: true });
+          fs.cpSync(path.join(snapshots, `n${i}`), dir, { recursive: true });
+        }
+        await Promise.all(all.map((i) => cluster.restart(i)));
+        const restarted = performance.now();
+        // B starts once the two have elected a stream leader (a fresh
+        // process meets a leaderless cluster only with an error).
+        await leaderOf(cluster, stream);
+        ncB = await connect(opts);
+        const b = await createLeaseManager({
+          nc: ncB,
+          node: "b",
+          bucket,
+          ttl,
+          replicas: 3,
+          timeout: 2000,
+        });
+        managers.push(b);
+        const bReady = performance.now();
+        const [bFirst, epochB, idB] = await b.guard(
+          "k",
+          (l) => [performance.now(), l.epoch, l.tenure] as const,
+          { wait: true, signal: AbortSignal.timeout(20 * ttl) },
+        );
+        await eventually(() => tenure.aborted, 10 * ttl, "A's tenure ended");
+        await loop;
+        const late = aWrites.filter((t) => t >= bFirst);
+        report("lost tail on R3", {
+          bReadyAfterRestart: bReady - restarted,
+          bFirstWriteAfterRestart: bFirst - restarted,
+          aLastWriteAfterRestart: Math.max(...aWrites) - restarted,
+          why: String((tenure.reason as Error)?.message).slice(0, 100),
+          aWritesAfterBFirst: String(late.length),
+          epochs: `${epochA} then ${epochB}`,
+        });
+        assert.deepEqual(
+          late.map((t) => Math.round(t - bFirst)),
+          [],
+          "A wrote after B's first write began (ms after it)",
+        );
+        assertFenced({ epoch: epochA, tenure: idA }, {
+          epoch: epochB,
+          tenure: idB,
+        });
+      } finally {
+        await Promise.allSettled(managers.map((m) => m.close()));
+        await Promise.allSettled([ncA.close(), ncB?.close()]);
+        fs.rmSync(snapshots, { recursive: true, force: true });
+      }
+    },
+  );
+});
+
+/** The index of `stream`'s leader, once the cluster names one. */
+async function leaderOf(cluster: NatsCluster, stream: string): Promise<number> {
+  let leader: number | undefined;
+  await eventually(
+    async () => (leader = await cluster.streamLeader(stream)) !== undefined,
+    30_000,
+    `a leader of ${stream}`,
+    100,
+  );
+  return leader!;
+}
