@@ -314,6 +314,310 @@ export function leaseCheckMargin(ttl: number): number {
 }
 
 /**
+ * How a key was found when this node took it, as
+ * {@linkcode LeaseAcquiredEvent.found} reports it:
+ * - `"fresh"`: no entry (never used, or expired without a marker);
+ * - `"released"`: a lease manager's clean release;
+ * - `"expired"`: an expiry marker (the previous holder stopped renewing);
+ * - `"removed"`: deleted or purged by someone other than its holder;
+ * - `"stood-still"`: another holder's entry, unrenewed for a whole TTL;
+ * - `"own"`: an entry of this node id from another process, adopted at
+ *   once (`restartGrace: false`);
+ * - `"lapsed"`: our own entry, renewed after our deadline had passed (a
+ *   new tenure);
+ * - `"recovered"`: our own acquire, whose reply was lost, found applied.
+ */
+export type AcquiredFrom =
+  | "fresh"
+  | "released"
+  | "expired"
+  | "removed"
+  | "stood-still"
+  | "own"
+  | "lapsed"
+  | "recovered";
+
+/**
+ * Dispatched (type `"acquired"`) when this node begins a tenure of a key.
+ *
+ * @example Log takeovers
+ * ```ts ignore
+ * leases.addEventListener("acquired", (e) => {
+ *   console.log(`${e.key}: epoch ${e.epoch}, found ${e.found}, grace ${e.grace} ms`);
+ * });
+ * ```
+ */
+export class LeaseAcquiredEvent extends Event {
+  /** The store key. */
+  readonly key: string;
+  /** The new tenure's fencing epoch. */
+  readonly epoch: number;
+  /** The new tenure's id ({@linkcode Lease.tenure}). */
+  readonly tenure: string;
+  /** The failover grace owed before the first write, in milliseconds. */
+  readonly grace: number;
+  /** How the key was found. */
+  readonly found: AcquiredFrom;
+
+  /**
+   * Made by the manager; exported for listeners' types and tests.
+   *
+   * @param key The store key.
+   * @param epoch The fencing epoch.
+   * @param tenure The tenure's id.
+   * @param grace The grace in milliseconds.
+   * @param found How the key was found.
+   */
+  constructor(
+    key: string,
+    epoch: number,
+    tenure: string,
+    grace: number,
+    found: AcquiredFrom,
+  ) {
+    super("acquired");
+    this.key = key;
+    this.epoch = epoch;
+    this.tenure = tenure;
+    this.grace = grace;
+    this.found = found;
+  }
+}
+
+/**
+ * Why a tenure ended other than by a release, as
+ * {@linkcode LeaseLostEvent.reason} reports it:
+ * - `"overwritten"`: another node's entry replaced ours
+ *   ({@linkcode LeaseLostEvent.holder} names it);
+ * - `"deleted"`: our entry was deleted or purged, or expired;
+ * - `"expired"`: the deadline passed without a confirmed renewal (the
+ *   server unreachable, or the process paused);
+ * - `"unproven"`: a renewal crossed a lost connection, and the server it
+ *   came back to may have applied it over another holder's entry;
+ * - `"defunct"`: the manager stopped for good (the bucket deleted or
+ *   re-created, the connection closed, the server lost writes it had
+ *   acknowledged); a {@linkcode LeaseDefunctEvent} says why.
+ */
+export type LostReason =
+  | "overwritten"
+  | "deleted"
+  | "expired"
+  | "unproven"
+  | "defunct";
+
+/**
+ * Dispatched (type `"lost"`) when a tenure of this node ends other than by
+ * its release: its leases' signals have aborted.
+ *
+ * @example Count losses by reason
+ * ```ts ignore
+ * leases.addEventListener("lost", (e) => {
+ *   console.warn(`lost ${e.key} (epoch ${e.epoch}): ${e.reason}`, e.holder ?? "");
+ * });
+ * ```
+ */
+export class LeaseLostEvent extends Event {
+  /** The store key. */
+  readonly key: string;
+  /** The ended tenure's fencing epoch. */
+  readonly epoch: number;
+  /** The ended tenure's id ({@linkcode Lease.tenure}). */
+  readonly tenure: string;
+  /** Why it ended. */
+  readonly reason: LostReason;
+  /** The node that took the key, when the reason is `"overwritten"`. */
+  readonly holder: string | undefined;
+  /** The error the tenure's leases were aborted with. */
+  readonly error: Error;
+
+  /**
+   * Made by the manager; exported for listeners' types and tests.
+   *
+   * @param key The store key.
+   * @param epoch The fencing epoch.
+   * @param tenure The tenure's id.
+   * @param reason Why it ended.
+   * @param holder The node that took the key, if known.
+   * @param error The abort reason of the tenure's leases.
+   */
+  constructor(
+    key: string,
+    epoch: number,
+    tenure: string,
+    reason: LostReason,
+    holder: string | undefined,
+    error: Error,
+  ) {
+    super("lost");
+    this.key = key;
+    this.epoch = epoch;
+    this.tenure = tenure;
+    this.reason = reason;
+    this.holder = holder;
+    this.error = error;
+  }
+}
+
+/**
+ * Dispatched (type `"released"`) when this node gives a key up, by
+ * {@linkcode LeaseManager.release}, {@linkcode LeaseManager.close}, the
+ * manager's signal or `idleRelease`.
+ *
+ * @example See releases that left the key to expire
+ * ```ts ignore
+ * leases.addEventListener("released", (e) => {
+ *   if (!e.clean) console.warn(`${e.key} left to expire: its successor waits the grace`);
+ * });
+ * ```
+ */
+export class LeaseReleasedEvent extends Event {
+  /** The store key. */
+  readonly key: string;
+  /** The ended tenure's fencing epoch. */
+  readonly epoch: number;
+  /** The ended tenure's id ({@linkcode Lease.tenure}). */
+  readonly tenure: string;
+  /**
+   * Whether the entry was deleted by a clean release, so a successor takes
+   * the key at once; `false`: left to expire (writes still running, the
+   * grace still running, or the server unreachable).
+   */
+  readonly clean: boolean;
+
+  /**
+   * Made by the manager; exported for listeners' types and tests.
+   *
+   * @param key The store key.
+   * @param epoch The fencing epoch.
+   * @param tenure The tenure's id.
+   * @param clean Whether the release deleted the entry.
+   */
+  constructor(key: string, epoch: number, tenure: string, clean: boolean) {
+    super("released");
+    this.key = key;
+    this.epoch = epoch;
+    this.tenure = tenure;
+    this.clean = clean;
+  }
+}
+
+/**
+ * Dispatched (type `"renewal-failed"`) when a renewal of a held key got no
+ * answer or could not be sent; the manager retries while the deadline
+ * allows.
+ *
+ * @example Warn before a lease runs out
+ * ```ts ignore
+ * leases.addEventListener("renewal-failed", (e) => {
+ *   console.warn(`${e.key}: renewal failed, ${Math.round(e.remaining)} ms left`, e.error.message);
+ * });
+ * ```
+ */
+export class RenewalFailedEvent extends Event {
+  /** The store key. */
+  readonly key: string;
+  /** The tenure's fencing epoch. */
+  readonly epoch: number;
+  /** Why the renewal failed. */
+  readonly error: Error;
+  /** Milliseconds left before the deadline (0 once it has passed). */
+  readonly remaining: number;
+
+  /**
+   * Made by the manager; exported for listeners' types and tests.
+   *
+   * @param key The store key.
+   * @param epoch The fencing epoch.
+   * @param error Why it failed.
+   * @param remaining Milliseconds left before the deadline.
+   */
+  constructor(key: string, epoch: number, error: Error, remaining: number) {
+    super("renewal-failed");
+    this.key = key;
+    this.epoch = epoch;
+    this.error = error;
+    this.remaining = remaining;
+  }
+}
+
+/**
+ * Dispatched (type `"defunct"`) once, when the manager stops vouching for
+ * anything for good: the bucket deleted or re-created, the connection
+ * closed, or the server found to have lost writes it acknowledged.
+ *
+ * @example Restart the process when the manager is defunct
+ * ```ts ignore
+ * leases.addEventListener("defunct", (e) => {
+ *   console.error("lease manager stopped:", e.reason);
+ *   process.exitCode = 1;
+ * });
+ * ```
+ */
+export class LeaseDefunctEvent extends Event {
+  /** Why the manager stopped. */
+  readonly reason: string;
+
+  /**
+   * Made by the manager; exported for listeners' types and tests.
+   *
+   * @param reason Why the manager stopped.
+   */
+  constructor(reason: string) {
+    super("defunct");
+    this.reason = reason;
+  }
+}
+
+/** The events a {@linkcode LeaseManager} dispatches, by type. */
+export interface LeaseEventMap {
+  /** A tenure began. */
+  acquired: LeaseAcquiredEvent;
+  /** A tenure ended other than by a release. */
+  lost: LeaseLostEvent;
+  /** A key was given up. */
+  released: LeaseReleasedEvent;
+  /** A renewal failed. */
+  "renewal-failed": RenewalFailedEvent;
+  /** The manager stopped for good. */
+  defunct: LeaseDefunctEvent;
+}
+
+/** Options of {@linkcode LeaseManager.health}. */
+export interface HealthOptions {
+  /**
+   * A held key with less than this many milliseconds before its deadline
+   * is reported in {@linkcode LeaseHealth.expiring}.
+   * @default {ttl / 3}
+   */
+  margin?: number;
+}
+
+/**
+ * What {@linkcode LeaseManager.health} reports: whether the manager can
+ * still vouch for what it holds, and if not, why.
+ */
+export interface LeaseHealth {
+  /**
+   * The manager can vouch for every key it holds: not closed, not defunct,
+   * connected, no renewal overdue and no key within the margin of its
+   * deadline.
+   */
+  readonly ok: boolean;
+  /** `close()` was called or the signal aborted. */
+  readonly closed: boolean;
+  /** Why the manager stopped for good, if it has. */
+  readonly defunct: string | undefined;
+  /** The connection is up (a lost one suspends every lease). */
+  readonly connected: boolean;
+  /** The keys this manager holds. */
+  readonly held: number;
+  /** Held keys whose renewal is overdue by more than a renewal interval (TTL/3). */
+  readonly overdue: readonly string[];
+  /** Held keys with less than the margin left before their deadline. */
+  readonly expiring: readonly string[];
+}
+
+/**
  * The NATS connection a manager works over: any `NatsConnection` of
  * `@nats-io/nats-core`, made with any transport (`@nats-io/transport-node`,
  * `wsconnect`, ...). Declared by the members the manager itself calls, so
@@ -641,7 +945,7 @@ export interface CloseResult {
  * }
  * ```
  */
-export interface LeaseManager extends AsyncDisposable {
+export interface LeaseManager extends AsyncDisposable, EventTarget {
   /** This process's node id. */
   readonly node: string;
   /** The lease TTL in milliseconds in force (given or adopted from the bucket). */
@@ -824,6 +1128,79 @@ export interface LeaseManager extends AsyncDisposable {
    * ```
    */
   close(): Promise<CloseResult>;
+  /**
+   * Whether this manager can still vouch for what it holds, and why not,
+   * read from its own state (no server round trip): made for readiness and
+   * liveness probes.
+   *
+   * @throws {RangeError} `margin` is not a non-negative number.
+   *
+   * @example A health endpoint
+   * ```ts ignore
+   * Deno.serve({ port: 8080 }, () => {
+   *   const h = leases.health();
+   *   return Response.json(h, { status: h.ok ? 200 : 503 });
+   * });
+   * ```
+   */
+  health(options?: HealthOptions): LeaseHealth;
+  /**
+   * Listens for one of the {@linkcode LeaseEventMap} events. Events are
+   * dispatched after the change they report, never on a guard's path that
+   * changes nothing; a listener that throws is reported on the console and
+   * breaks nothing.
+   *
+   * @example Log every lost lease
+   * ```ts ignore
+   * leases.addEventListener("lost", (e) => console.warn(e.key, e.reason));
+   * ```
+   */
+  addEventListener<K extends keyof LeaseEventMap>(
+    type: K,
+    listener: (event: LeaseEventMap[K]) => void,
+    options?: boolean | AddEventListenerOptions,
+  ): void;
+  /**
+   * Listens for an event by name, as on any `EventTarget`.
+   *
+   * @example Listen once
+   * ```ts ignore
+   * leases.addEventListener("defunct", () => process.exit(1), { once: true });
+   * ```
+   */
+  addEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | AddEventListenerOptions,
+  ): void;
+  /**
+   * Removes a listener added by {@linkcode LeaseManager.addEventListener}.
+   *
+   * @example Stop logging
+   * ```ts ignore
+   * const log = (e: LeaseLostEvent) => console.warn(e.key, e.reason);
+   * leases.addEventListener("lost", log);
+   * leases.removeEventListener("lost", log);
+   * ```
+   */
+  removeEventListener<K extends keyof LeaseEventMap>(
+    type: K,
+    listener: (event: LeaseEventMap[K]) => void,
+    options?: boolean | EventListenerOptions,
+  ): void;
+  /**
+   * Removes a listener by event name, as on any `EventTarget`.
+   *
+   * @example Remove a listener object
+   * ```ts ignore
+   * leases.removeEventListener("released", handler);
+   * ```
+   */
+  removeEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | EventListenerOptions,
+  ): void;
 }
 
 /**
@@ -1204,18 +1581,29 @@ class Tenure {
    */
   crossed = false;
 
-  constructor(epoch: number, id: string) {
+  /** Told once when the tenure ends, and why (the manager's events). */
+  readonly #report: TenureReport | undefined;
+
+  constructor(epoch: number, id: string, report?: TenureReport) {
     this.epoch = epoch;
     this.id = id;
+    this.#report = report;
   }
 
   /** Ends the tenure: the signal aborts and the deadline stops at `now`. */
-  end(reason: unknown, now: number): void {
+  end(reason: unknown, now: number, why: TenureEnd = "expired"): void {
     if (this.controller.signal.aborted) return;
     this.validUntil = Math.min(this.validUntil, now);
     this.controller.abort(reason);
+    this.#report?.(this, reason, why);
   }
 }
+
+/** Why a tenure ended: a loss, or its release. */
+type TenureEnd = LostReason | "released";
+
+/** Hears of a tenure's end. */
+type TenureReport = (t: Tenure, reason: unknown, why: TenureEnd) => void;
 
 /** An acquiring CAS whose reply we have not seen. */
 interface Pending {
@@ -1463,7 +1851,7 @@ function expiredError(key: string): UnavailableError {
 
 // ---------------------------------------------------------------------------
 
-class Manager implements LeaseManager {
+class Manager extends EventTarget implements LeaseManager {
   readonly node: string;
   readonly ttl: number;
   readonly bucket: string;
@@ -1515,10 +1903,35 @@ class Manager implements LeaseManager {
   #linkUp = true;
   /** How often the connection was lost: a reply that crossed a loss is not trusted. */
   #downs = 0;
+  /** Each listener's guard against its own exceptions. */
+  readonly #guarded = new WeakMap<
+    EventListenerOrEventListenerObject,
+    EventListener
+  >();
+  /** A report that tells the manager's listeners of `st`'s tenure's end. */
+  #reporter(st: KeyState): TenureReport {
+    return (t, reason, why) => {
+      if (why === "released") return;
+      const err = reason instanceof Error
+        ? reason
+        : new UnavailableError(st.key, String(reason));
+      this.#emit(
+        new LeaseLostEvent(
+          st.key,
+          t.epoch,
+          t.id,
+          why,
+          why === "overwritten" ? st.foreign : undefined,
+          err,
+        ),
+      );
+    };
+  }
   /** How often it came back on another server process. */
   #moves = 0;
 
   constructor(port: Port, o: ManagerSettings) {
+    super();
     this.#port = port;
     this.node = o.node;
     this.ttl = o.ttl;
@@ -1654,6 +2067,7 @@ class Manager implements LeaseManager {
           `Lease on '${st.key}' ended: a renewal crossed the lost connection, and the server it came back to may have applied it over another holder's entry`,
         ),
         this.#port.now(),
+        "unproven",
       );
     }
     this.#lost(st, ours ? null : seen);
@@ -2319,7 +2733,7 @@ class Manager implements LeaseManager {
         // A key given up sends nothing more: its guards see the release
         // and claim the key again once it has finished.
         if (!this.#givenUp(st)) {
-          await (st.held ? this.#renew(st) : this.#acquire(st));
+          await (st.held ? this.#renewing(st) : this.#acquire(st));
         }
         b.resolve();
       } catch (err) {
@@ -2439,6 +2853,22 @@ class Manager implements LeaseManager {
   }
 
   /** Renews a lease we believe we hold: the steady-state round trip. */
+  /** Renews `st`, and tells the listeners when that fails. */
+  async #renewing(st: KeyState): Promise<void> {
+    const t = st.tenure!;
+    try {
+      await this.#renew(st);
+    } catch (err) {
+      if (err instanceof UnavailableError && !t.controller.signal.aborted) {
+        const left = t.validUntil - this.#port.now();
+        this.#emit(
+          new RenewalFailedEvent(st.key, t.epoch, err, Math.max(0, left)),
+        );
+      }
+      throw err;
+    }
+  }
+
   async #renew(st: KeyState): Promise<void> {
     const epoch = st.tenure!.epoch;
     for (let attempt = 0; attempt < 3; attempt++) {
@@ -2484,7 +2914,7 @@ class Manager implements LeaseManager {
           // back under another holder): start a new tenure, with a new epoch
           // and the grace owed to a holder that may be one TTL from its
           // deadline.
-          this.#tookOver(st, res.seq, 2 * this.ttl, sent);
+          this.#tookOver(st, res.seq, 2 * this.ttl, sent, "lapsed");
           return;
         }
         st.rev = res.seq;
@@ -2584,15 +3014,18 @@ class Manager implements LeaseManager {
             throw new UnavailableError(st.key, this.#defunct!);
           }
           this.#maxRev = Math.max(this.#maxRev, seen.seq);
-          this.#tookOver(st, seen.seq, p.grace, p.sent);
+          this.#tookOver(st, seen.seq, p.grace, p.sent, "recovered");
           return;
         }
       }
       const unknownPast = this.#restartGrace || st.sawForeign;
       let grace: number;
+      // How the key was found, for the "acquired" event.
+      let found: AcquiredFrom;
       // Whether a marker proof goes out with the CAS (see below).
       let prove = false;
       if (seen === null) {
+        found = "fresh";
         // No entry (in the replica we read). The CAS below expects none
         // on the leader. Without markers, a key never held and one whose
         // holder expired look alike: its deadline has passed, but it may
@@ -2608,11 +3041,14 @@ class Manager implements LeaseManager {
         prove = unknownPast && this.#markerLife > 0;
       } else if (seen.kind === "expired") {
         // A marker: a holder's deadline passed recently; the full grace.
+        found = "expired";
         grace = unknownPast ? this.ttl : 0;
       } else if (seen.kind === "released") {
         // A lease manager's clean release.
+        found = "released";
         grace = 0;
       } else if (seen.kind === "removed") {
+        found = "removed";
         // Deleted or purged by someone else while the holder may still be
         // inside its deadline (at most one TTL away): wait that out, then
         // the grace.
@@ -2620,8 +3056,10 @@ class Manager implements LeaseManager {
       } else if (seen.node === this.node && !this.#restartGrace) {
         // Our node id, written by another process: the Go reference adopts
         // such an entry at once, and restartGrace: false asks for that.
+        found = "own";
         grace = 0;
       } else {
+        found = "stood-still";
         // Another node, or our node id written by another process (a
         // previous incarnation, or a second copy): either may be alive and
         // inside its deadline, so wait for the entry to expire like any
@@ -2693,25 +3131,36 @@ class Manager implements LeaseManager {
         const life = await proof;
         grace = this.ttl - Math.min(this.ttl, life);
       }
-      this.#tookOver(st, res.seq, grace, sent);
+      this.#tookOver(st, res.seq, grace, sent, found);
       return;
     }
   }
 
   /** Our acquiring CAS sent at `sent` was applied at `seq`. */
-  #tookOver(st: KeyState, seq: number, grace: number, sent: number): void {
+  #tookOver(
+    st: KeyState,
+    seq: number,
+    grace: number,
+    sent: number,
+    found: AcquiredFrom,
+  ): void {
     // An acquire that lands after its key was given up: nobody renews it,
     // so it expires, and a later claim waits for it like any holder's.
     if (st.gone) return;
     st.held = true;
     st.rev = seq;
-    st.tenure = new Tenure(seq, `${this.#instance}.${++this.#tenures}`);
+    const t = st.tenure = new Tenure(
+      seq,
+      `${this.#instance}.${++this.#tenures}`,
+      this.#reporter(st),
+    );
     st.pending = [];
     st.observed = undefined;
     st.foreign = undefined;
     // The grace runs from now, which is after the CAS was applied: the
     // previous holder's deadline was at most `grace - ttl` before that.
     st.notBefore = grace > 0 ? this.#port.now() + grace : 0;
+    this.#emit(new LeaseAcquiredEvent(st.key, seq, t.id, grace, found));
     this.#confirmed(st, sent);
   }
 
@@ -2722,7 +3171,10 @@ class Manager implements LeaseManager {
     if (t.controller.signal.aborted) {
       // The deadline passed before this confirmation came: same epoch, but
       // leases handed out before keep their ended signal.
-      t = st.tenure = new Tenure(t.epoch, t.id);
+      t = st.tenure = new Tenure(t.epoch, t.id, this.#reporter(st));
+      this.#emit(
+        new LeaseAcquiredEvent(st.key, t.epoch, t.id, 0, "lapsed"),
+      );
     }
     // The server stamps the entry when the CAS arrives, after `sent`, and
     // expires it no earlier than a TTL later.
@@ -2862,7 +3314,11 @@ class Manager implements LeaseManager {
     st.foreign = seen?.kind === "put" ? seen.node : undefined;
     st.renewSlot = 0;
     this.#clearExpiry(st);
-    st.tenure?.end(new NotHolderError(st.key, st.foreign), this.#port.now());
+    st.tenure?.end(
+      new NotHolderError(st.key, st.foreign),
+      this.#port.now(),
+      st.foreign === undefined ? "deleted" : "overwritten",
+    );
   }
 
   /** Stops vouching for every lease, for good, with `why`. */
@@ -2875,9 +3331,10 @@ class Manager implements LeaseManager {
       this.#clearExpiry(st);
       if (st.held) {
         st.held = false;
-        st.tenure?.end(new UnavailableError(st.key, why), now);
+        st.tenure?.end(new UnavailableError(st.key, why), now, "defunct");
       }
     }
+    this.#emit(new LeaseDefunctEvent(why));
   }
 
   #connectionClosed(): void {
@@ -2928,6 +3385,7 @@ class Manager implements LeaseManager {
     // grace: our writes settled, our own grace (owed to the holder before
     // us) is over, and our lease is still confirmed, so nobody else can
     // have written since our revision.
+    const live = st.held && t !== undefined && !t.controller.signal.aborted;
     const clean = st.held && !st.busy && st.writes === 0 &&
       now >= st.notBefore && t !== undefined && now < t.validUntil &&
       !t.suspended && this.#linkUp && !this.#defunct &&
@@ -2942,6 +3400,7 @@ class Manager implements LeaseManager {
         `Lease on '${st.key}' was released`,
       ),
       this.#port.now(),
+      "released",
     );
     let released = false;
     if (clean) {
@@ -2961,6 +3420,9 @@ class Manager implements LeaseManager {
     // Given up from here on, before the caller hears of it: a reply still
     // in flight must not make this state hold or renew again.
     st.gone = true;
+    if (live) {
+      this.#emit(new LeaseReleasedEvent(st.key, t!.epoch, t!.id, released));
+    }
     return released;
   }
 
@@ -2974,6 +3436,88 @@ class Manager implements LeaseManager {
       };
       p.then(done, done);
     });
+  }
+
+  override addEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | AddEventListenerOptions,
+  ): void {
+    if (listener === null) return;
+    let guarded = this.#guarded.get(listener);
+    if (!guarded) {
+      // A listener's exception would otherwise reach the runtime as an
+      // uncaught error (and end a Deno or Node process): the manager's
+      // state is already changed when it runs, so report and go on.
+      guarded = (event: Event) => {
+        try {
+          if (typeof listener === "function") listener.call(this, event);
+          else listener.handleEvent(event);
+        } catch (err) {
+          console.error(
+            `lease manager: a '${event.type}' listener threw:`,
+            err,
+          );
+        }
+      };
+      this.#guarded.set(listener, guarded);
+    }
+    super.addEventListener(type, guarded, options);
+  }
+
+  override removeEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | EventListenerOptions,
+  ): void {
+    if (listener === null) return;
+    super.removeEventListener(
+      type,
+      this.#guarded.get(listener) ?? listener,
+      options,
+    );
+  }
+
+  /**
+   * Dispatches `event` after the current task's state changes are done:
+   * a listener that calls back into the manager finds it consistent.
+   */
+  #emit(event: Event): void {
+    queueMicrotask(() => this.dispatchEvent(event));
+  }
+
+  health(options: HealthOptions = {}): LeaseHealth {
+    const margin = options.margin ?? this.ttl / 3;
+    if (typeof margin !== "number" || !(margin >= 0)) {
+      throw new RangeError(
+        `Cannot read health as 'margin' must be a non-negative number of milliseconds: received ${
+          String(margin)
+        }`,
+      );
+    }
+    const now = this.#port.now();
+    const overdue: string[] = [];
+    const expiring: string[] = [];
+    let held = 0;
+    for (const st of this.#keys.values()) {
+      const t = st.tenure;
+      if (!st.held || !t || t.controller.signal.aborted) continue;
+      held++;
+      if (now - st.renewAt > this.ttl / 3) overdue.push(st.key);
+      if (t.suspended || t.validUntil - now < margin) expiring.push(st.key);
+    }
+    const closed = this.#stopped;
+    const connected = this.#linkUp && !this.#port.isClosed();
+    return {
+      ok: !closed && this.#defunct === undefined && connected &&
+        overdue.length === 0 && expiring.length === 0,
+      closed,
+      defunct: this.#defunct,
+      connected,
+      held,
+      overdue,
+      expiring,
+    };
   }
 
   close(): Promise<CloseResult> {
