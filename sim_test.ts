@@ -236,6 +236,8 @@ describe("check()", () => {
     guardCalls: [],
     givenUp: [],
     tenures: [],
+    losses: [],
+    defunct: new Map(),
   });
   const w = (
     id: number,
@@ -250,6 +252,7 @@ describe("check()", () => {
     epoch,
     kind: "blind",
     incarnation: 1,
+    acquiredAt: start - 10,
     start,
     startLocal: start,
     startDeadline: start - 10 + ttl,
@@ -297,6 +300,7 @@ describe("the marker proof on the simulated port", () => {
     replica: () => 0,
     freeze: false,
     timersFirst: false,
+    crossedReply: () => true,
     sent: () => {},
     replied: () => {},
     disturbed: () => {},
