@@ -392,9 +392,7 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
   plan.lostTail = 1 + rr.int(8);
   plan.coverAcquire = rr.chance(0.5);
   plan.restartGap = rr.between(1, ttl / 2);
-  plan.blipEvery = rr.chance(o.blipChance ?? 0.25)
-    ? rr.between(2, 8) * ttl
-    : 0;
+  plan.blipEvery = rr.chance(o.blipChance ?? 0.25) ? rr.between(2, 8) * ttl : 0;
   Object.assign(plan, o.override);
   // Only markers can be removed, lowered or rolled back.
   if (!plan.markers) plan.markerEdit = undefined;
@@ -1054,7 +1052,9 @@ export async function runHistory(
       if (plan.coverAcquire) {
         // Back to (and over) the latest acquire still in reach: a holder
         // whose tenure the server forgets, renewals and all.
-        const acq = kv.recent().find((e) => /^lease:[^:]+:0:/.test(e.msgId ?? ""));
+        const acq = kv.recent().find((e) =>
+          /^lease:[^:]+:0:/.test(e.msgId ?? "")
+        );
         if (acq) k = kv.tailSeq() - acq.seq + 1 + rRestart.int(2);
       }
       const lost = kv.loseTail(Math.min(k, MAX_LOST));
