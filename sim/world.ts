@@ -398,7 +398,12 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
   if (!plan.markers) plan.markerEdit = undefined;
   // The liveness episode needs a manager that can still act: none made
   // defunct by the bucket or its connection, none giving keys up on its own.
-  if (plan.recreate || plan.connClose || plan.idleRelease !== undefined) {
+  // A restart that lost acknowledged messages may leave managers defunct
+  // or proving their leases when the episode starts.
+  if (
+    plan.recreate || plan.connClose || plan.idleRelease !== undefined ||
+    plan.serverRestart
+  ) {
     plan.liveness = false;
   }
   return plan;
