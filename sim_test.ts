@@ -236,6 +236,8 @@ describe("check()", () => {
     guardCalls: [],
     givenUp: [],
     tenures: [],
+    losses: [],
+    defunct: new Map(),
   });
   const w = (
     id: number,
@@ -250,6 +252,7 @@ describe("check()", () => {
     epoch,
     kind: "blind",
     incarnation: 1,
+    acquiredAt: start - 10,
     start,
     startLocal: start,
     startDeadline: start - 10 + ttl,
@@ -297,6 +300,7 @@ describe("the marker proof on the simulated port", () => {
     replica: () => 0,
     freeze: false,
     timersFirst: false,
+    crossedReply: () => true,
     sent: () => {},
     replied: () => {},
     disturbed: () => {},
@@ -377,6 +381,26 @@ describe("runHistory()", () => {
       `replay: deno run -A sim/run.ts --reduce SEED`,
     );
     assert.equal(b.histories, SEEDS);
+  });
+
+  test("runHistory() restarts the server losing acknowledged messages (down, then other) and blips connections (down, then same)", async () => {
+    let lost = 0, other = 0, same = 0, defunct = 0;
+    for (let seed = 0; seed < 8; seed++) {
+      const r = await runHistory(seed, lib, {
+        restartChance: 1,
+        blipChance: 1,
+        trace: true,
+      });
+      assert.deepEqual(r.violations, [], `seed ${seed}`);
+      const text = r.trace.lines.map((l) => l.text).join("\n");
+      if (/restarted, lost its last [1-9]/.test(text)) lost++;
+      if (/connection back \(other\)/.test(text)) other++;
+      if (/connection back \(same\)/.test(text)) same++;
+      if (/lost writes it had acknowledged/.test(text)) defunct++;
+    }
+    assert.ok(lost >= 6 && other >= 6 && same >= 4, `${lost} ${other} ${same}`);
+    // Some holder's acknowledged renewals were lost, and it stopped.
+    assert.ok(defunct > 0);
   });
 
   test("runHistory() lets awaited blind writes overlap a successor only past the allowance and with a greater epoch", async () => {

@@ -81,6 +81,10 @@ export interface History {
     t: number;
   }[];
   readonly tenures: readonly TenureRec[];
+  /** Server restarts that lost acknowledged messages (`SimKv.losses`). */
+  readonly losses: readonly { t: number; k: number; from: number }[];
+  /** Managers that went defunct for writes the server lost, when first seen. */
+  readonly defunct: ReadonlyMap<string, number>;
 }
 
 /**
@@ -163,6 +167,9 @@ export function check(h: History): CheckResult {
     let best: number | undefined;
     for (const e of puts.get(`${w.mgr}|${w.key}|${w.incarnation}`) ?? []) {
       if (e.stamp > t) break;
+      // Only this tenure's puts: after a lost tail, the same manager may
+      // begin another tenure at the same revision.
+      if (e.stamp < w.acquiredAt) continue;
       if (tenureWrite(e, w.mgr, w.epoch)) {
         best = Math.max(best ?? -Infinity, e.sendLocal! + ttl);
       }
@@ -230,11 +237,28 @@ export function check(h: History): CheckResult {
     list.push(w);
   }
   const G = allowance(ttl, epsilon);
+  /** How many restarts that lost acknowledged messages came by true time t. */
+  const eraOf = (t: number) => h.losses.filter((l) => l.t <= t).length;
+  /** One tenure: one manager instance, one epoch, one acquiring put. */
+  const sameTenure = (a: WriteRec, b: WriteRec) =>
+    a.mgr === b.mgr && a.epoch === b.epoch &&
+    (a.acquiredAt === b.acquiredAt ||
+      (Number.isNaN(a.acquiredAt) && Number.isNaN(b.acquiredAt)));
   for (const list of groups.values()) {
     list.sort((a, b) => a.start - b.start || a.id - b.id);
-    // P2: in the order writes start, epochs never go back.
+    // P2: in the order writes start, epochs never go back, except across a
+    // restart that lost acknowledged messages: the stream then numbers new
+    // writes with the lost revisions again (point 10's residue: epochs may
+    // repeat, or go back), so epochs are compared within each stretch
+    // between such restarts.
     let top: WriteRec | undefined;
+    let era = 0;
     for (const w of list) {
+      const e = eraOf(w.start);
+      if (e !== era) {
+        era = e;
+        top = undefined;
+      }
       if (top && w.epoch < top.epoch) {
         v(
           "P2",
@@ -253,12 +277,25 @@ export function check(h: History): CheckResult {
       for (let j = i + 1; j < done.length; j++) {
         const w2 = done[j]!;
         if (w2.start >= c1) break;
-        if (w1.mgr === w2.mgr && w1.epoch === w2.epoch) continue;
+        if (sameTenure(w1, w2)) continue;
         const b = bound(w1, c1);
         const d1 = b === undefined ? -Infinity : node(w1).trueOf(b);
         const overrun = c1 - d1;
-        if (overrun > G && w2.epoch > w1.epoch) fencedOverlaps++;
-        else {
+        // A restart that lost acknowledged messages between the starts:
+        // what point 10 promises instead (see README.md, P1).
+        const lossAt = h.losses.find((l) => w1.start < l.t && l.t <= w2.start)
+          ?.t;
+        if (overrun > G && (w2.epoch > w1.epoch || lossAt !== undefined)) {
+          fencedOverlaps++;
+        } else if (
+          lossAt !== undefined && w1.kind !== "careful" &&
+          w1.start < (node(w1).downSeen.find((t) => t >= lossAt) ?? Infinity)
+        ) {
+          // An unchecked write already running when its process learnt of
+          // the drop: only the epoch could fence it, and the successor's may
+          // repeat it (point 10's residue).
+          fencedOverlaps++;
+        } else {
           v(
             "P1",
             c1,
@@ -271,7 +308,13 @@ export function check(h: History): CheckResult {
               w2.start.toFixed(3)
             }–${w2.commit!.toFixed(3)}); allowed only past an overrun of ${
               G.toFixed(3)
-            } ms and with a greater epoch`,
+            } ms and with a greater epoch${
+              lossAt === undefined
+                ? ""
+                : ` (or, across the lost tail at ${
+                  lossAt.toFixed(3)
+                }, for an unchecked write started before its process saw the drop)`
+            }`,
           );
         }
       }
@@ -487,6 +530,31 @@ export function check(h: History): CheckResult {
           (n.local(at[1]) - n.local(at[0])).toFixed(3)
         } ms of its clock; allowed ${limit.toFixed(3)})`,
       );
+    }
+  }
+  // P10: a manager that went defunct because the server lost writes it had
+  // acknowledged vouches for nothing after: no write starts, no commit
+  // check passes.
+  for (const [mgr, t] of h.defunct) {
+    for (const w of h.writes) {
+      if (w.mgr !== mgr) continue;
+      const at = w.start > t
+        ? w.start
+        : w.kind === "careful" && w.committed && w.commit! > t
+        ? w.commit!
+        : undefined;
+      if (at !== undefined) {
+        v(
+          "P10",
+          at,
+          w.key,
+          `${mgr} went defunct at ${
+            t.toFixed(3)
+          } (the server lost writes it had acknowledged) but vouched for write #${w.id} (epoch ${w.epoch}) at ${
+            at.toFixed(3)
+          }`,
+        );
+      }
     }
   }
   return { violations: out, fencedOverlaps, orphans };

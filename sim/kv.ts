@@ -37,6 +37,16 @@
  *   proves at that moment.
  * - **Bucket deletion** makes every request fail with "stream not found";
  *   re-creating it starts a new stream whose sequences restart at 1.
+ * - **A server restart that loses its last k acknowledged messages**
+ *   ({@linkcode SimKv.loseTail}; durability in `lease.ts`'s header: a tail
+ *   not yet synced to disk, an OS crash or a store restored from a copy):
+ *   the stream's last sequence goes back by k and the next writes reuse
+ *   those numbers; each key's last message (history 1) is what it was
+ *   before the lost ones, on the leader and every replica; the lost
+ *   messages' expiries are gone, and a restored entry expires at its own
+ *   due time (at once if that passed: a marker after the restart, as
+ *   measured in nats-kv-facts.md section 11). The lost messages stay in
+ *   `log` (they were applied and acknowledged) and are listed in `lost`.
  *
  * The server's clock is true time. Every applied message is logged for the
  * property checks (`log`), with who sent it and when by their own clock.
@@ -132,6 +142,17 @@ export class SimKv {
   readonly #msgIds = new Map<string, number>();
   /** Every message applied, in all incarnations, in order. */
   readonly log: Stored[] = [];
+  /** The messages of `log` a restart lost ({@linkcode SimKv.loseTail}). */
+  readonly lost: Set<Stored> = new Set();
+  /** Restarts that lost a tail: when, how many messages, from which sequence. */
+  readonly losses: { t: number; k: number; from: number }[] = [];
+  /** The latest messages of this incarnation that no restart lost, oldest first. */
+  #recent: Stored[] = [];
+  /**
+   * Per subject, its latest changes in this incarnation (`null`: it expired
+   * without a marker): what a restart that loses a tail restores.
+   */
+  readonly #chain = new Map<string, (Stored | null)[]>();
   /** Bucket deletions and re-creations, in true time. */
   readonly lifecycle: { t: number; event: "deleted" | "created" }[] = [];
   /** Called whenever a key's last message changes (`null`: none left). */
@@ -339,6 +360,8 @@ export class SimKv {
     this.#last.clear();
     this.#history.clear();
     this.#msgIds.clear();
+    this.#recent = [];
+    this.#chain.clear();
     this.lifecycle.push({ t: this.#sched.now, event: "deleted" });
     this.#trace.add(
       this.#sched.now,
@@ -383,6 +406,9 @@ export class SimKv {
     this.#last.set(subject, e);
     this.#change(subject, e);
     this.log.push(e);
+    this.#recent.push(e);
+    if (this.#recent.length > 2 * MAX_LOST) this.#recent.shift();
+    this.#link(subject, e);
     for (const fn of this.appended) fn(e);
     const life = e.marker !== undefined ? this.markerLife : this.cfg.maxAge;
     const inc = this.incarnation;
@@ -430,6 +456,7 @@ export class SimKv {
     }
     this.#last.delete(e.subject);
     this.#change(e.subject, null);
+    this.#link(e.subject, null);
     this.#trace.add(
       this.#sched.now,
       e.key,
@@ -437,4 +464,97 @@ export class SimKv {
       () => `expired @${e.seq}${e.marker ? " (marker)" : ""} → no entry`,
     );
   }
+
+  #link(subject: string, e: Stored | null): void {
+    let c = this.#chain.get(subject);
+    if (!c) this.#chain.set(subject, c = []);
+    c.push(e);
+    if (c.length > 4 * MAX_LOST) c.shift();
+  }
+
+  /** The sequence of the latest message a restart could lose now (0: none). */
+  tailSeq(): number {
+    return this.#recent.at(-1)?.seq ?? 0;
+  }
+
+  /**
+   * The latest messages a restart could lose, newest first (at most
+   * {@linkcode MAX_LOST} × 2).
+   */
+  recent(): readonly Stored[] {
+    return [...this.#recent].reverse();
+  }
+
+  /**
+   * A server restart that loses the last `k` messages it acknowledged (at
+   * most those of this incarnation that it still has): sequences go back
+   * by k and are reused; each key they touched gets back its message from
+   * before them (leader and replicas alike), whose expiry is scheduled
+   * again at its due time, or at once if that has passed.
+   *
+   * @param k How many messages.
+   * @returns The messages lost.
+   */
+  loseTail(k: number): Stored[] {
+    const now = this.#sched.now;
+    if (this.gone) return [];
+    const n = Math.min(k, this.#recent.length);
+    const lost = this.#recent.splice(this.#recent.length - n, n);
+    if (lost.length === 0) return lost;
+    const from = lost[0]!.seq;
+    this.#seq = from - 1;
+    const subjects = new Set<string>();
+    for (const e of lost) {
+      this.lost.add(e);
+      if (e.msgId !== undefined) this.#msgIds.delete(e.msgId);
+      subjects.add(e.subject);
+    }
+    const inc = this.incarnation;
+    for (const subject of subjects) {
+      const c = this.#chain.get(subject)!;
+      // Drop the lost messages and every expiry that came after them.
+      const first = c.findIndex((x) => x !== null && x.seq >= from);
+      if (first >= 0) c.length = first;
+      const back = c.at(-1) ?? null;
+      if (back === null) this.#last.delete(subject);
+      else {
+        this.#last.set(subject, back);
+        const life = back.marker !== undefined
+          ? this.markerLife
+          : this.cfg.maxAge;
+        this.#sched.at(
+          Math.max(now, back.stamp + life + this.cfg.late()),
+          () => this.#expire(back, inc),
+          { pure: true },
+        );
+      }
+      // Every copy restarts from the same store: no replica keeps what the
+      // leader lost.
+      this.#history.set(subject, [{ op: 0, entry: back }]);
+      this.onChange?.(keyOf(subject), back);
+    }
+    this.losses.push({ t: now, k: lost.length, from });
+    this.#trace.add(
+      now,
+      undefined,
+      "server",
+      () =>
+        `restarted, lost its last ${lost.length} acknowledged message(s) @${from}..@${
+          lost.at(-1)!.seq
+        } (${
+          [...subjects].map((s) =>
+            `${keyOf(s)} back to ${describeLast(this.#last.get(s))}`
+          ).join(", ")
+        }); next write @${from}`,
+    );
+    return lost;
+  }
+}
+
+/** The most messages one restart loses (k is drawn up to this). */
+export const MAX_LOST = 16;
+
+function describeLast(e: Stored | undefined): string {
+  if (!e) return "none";
+  return `@${e.seq} ${e.marker ?? e.operation ?? `PUT ${e.writer}`}`;
 }

@@ -93,6 +93,24 @@ const MARKER_EDIT_FOCUS: SimOptions = {
   },
 };
 
+/**
+ * Where a write crosses a lost tail: a restart in every history, reaching
+ * back over a holder's acquire, on one key, with processes paused often
+ * and holding their unsent requests (what a paused process had not sent
+ * at the drop, nats.js sends to the restarted server).
+ */
+const RESTART_FOCUS: SimOptions = {
+  ttls: [1000],
+  restartChance: 1,
+  override: {
+    keys: 1,
+    coverAcquire: true,
+    freeze: true,
+    pauseEvery: 1500,
+    pauseOnSend: 0.05,
+  },
+};
+
 /** The mutants, one per hole. */
 export const MUTANTS: readonly Mutant[] = [
   {
@@ -221,7 +239,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a deleted or re-created bucket does not stop the manager (old epochs go on), and the port trusts answers after a silence",
     expect: "P2",
-    seed: 328,
+    seed: 1415,
     // The port's check after a silence also stops such a manager (each
     // success fails the check): this mutant removes both defences.
     options: { portSilence: Infinity },
@@ -363,6 +381,48 @@ export const MUTANTS: readonly Mutant[] = [
     seed: 299,
     edits: [],
     options: { portSilence: Infinity },
+  },
+  {
+    name: "link_down_ignored",
+    hole: "R1",
+    description:
+      'a lost connection suspends no lease ("down" is not acted on): a holder whose acquire or renewals a restart lost writes on',
+    expect: "P1",
+    seed: 183,
+    edits: [["        if (!t.suspended) {", `        if (${NEVER}) {`]],
+  },
+  {
+    name: "crossed_write_trusted",
+    hole: "R2",
+    description:
+      "an entry of ours newer than our revision is trusted after a write crossed the lost connection (the new server may have applied it over another holder's reused revision)",
+    expect: undefined,
+    why:
+      "not caught in 6,000 histories of its focus (--focus R2): a crossed write reaches the restarted server only from a process paused at the drop with its request unsent, and must then land exactly on another holder's reused revision",
+    focus: RESTART_FOCUS,
+    edits: [["    if (ours && !t.crossed) {", "    if (ours) {"]],
+  },
+  {
+    name: "other_server_as_same",
+    hole: "R3",
+    description:
+      'a connection back on another server process ("other") is trusted like the same one: no lease is proven again',
+    expect: "P1",
+    edits: [[
+      'if (change === "same" && t.suspendedAt === this.#moves && !t.crossed) {',
+      "if (!t.crossed) {",
+    ]],
+    seed: 183,
+  },
+  {
+    name: "lower_own_entry_proves",
+    hole: "R4",
+    description:
+      "after the connection comes back, any entry of ours proves the lease kept, even one below our last revision (the server lost what came after)",
+    expect: undefined,
+    why:
+      "not caught in 4,000 histories, and not expected to be: the renewal sent at once after the check expects the lost revision, finds the key below it and stops the manager (the floor of point 7), before a successor can take the key our older entry still holds",
+    edits: [["    if (ours && seen!.seq === st.rev) {", "    if (ours) {"]],
   },
 ];
 

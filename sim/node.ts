@@ -29,6 +29,17 @@
  *   request went unanswered, the next successful write is returned only
  *   after a stream-info round trip shows the stream is the incarnation the
  *   manager started on (else `BucketGone`).
+ * - **Connection drops** ({@linkcode SimNode.drop}; `Port.onLink`): at a
+ *   server restart, or a blip of one connection, the port reports
+ *   `"down"` (an event of the process, at the drop: a paused process
+ *   sees it when it resumes, before any reply that came after), then
+ *   `"other"` (a restarted server) or `"same"` (a blip) when it
+ *   reconnects. Requests on the wire at the drop are lost; a reply the
+ *   old server sent that had not arrived is lost or delivered after
+ *   `"down"`. A request sent while down, or still inside a paused process
+ *   (with frozen requests) at the drop, is held as nats.js holds it and
+ *   sent to the server at the reconnect. Watches go silent while down and
+ *   resume with the last entry.
  * - **Marker proof** (`Port.markerLife`): a stream-info request, sent in
  *   order behind the requests sent before it (so after the compare-and-set
  *   it follows), answered with the marker life the bucket proves when it
@@ -68,6 +79,8 @@ export interface Network {
   replied(node: SimNode, key: string): void;
   /** Tells the history a fault touched `node` over [t0, t1] (true time). */
   disturbed(node: SimNode, t0: number, t1: number, why: string): void;
+  /** Whether a reply the old server sent before a drop is still delivered (after `"down"`). */
+  crossedReply(): boolean;
 }
 
 /** The error class the port must reject with when the bucket is gone. */
@@ -99,6 +112,20 @@ export class SimNode implements Target {
   readonly #resync = new Set<() => void>();
   /** True time at which the current pause ends. */
   resumeAt = 0;
+  /** The connection is down (see {@linkcode SimNode.drop}). */
+  linkDown = false;
+  /** True times at which the manager was told `"down"` (its port's `onLink`). */
+  readonly downSeen: number[] = [];
+  /** Connection generation: one more at each drop. */
+  #gen = 0;
+  /** The generation whose `"down"` the manager has been told. */
+  #told = 0;
+  /** When the connection comes back, and as what. */
+  #upAt = 0;
+  #upAs: "same" | "other" = "same";
+  /** Requests held while down, sent at the reconnect (as nats.js does). */
+  #heldSends: (() => void)[] = [];
+  readonly #linkFns: ((c: "down" | "same" | "other") => void)[] = [];
   readonly port: Port;
   readonly #sched: Scheduler;
   readonly #kv: SimKv;
@@ -273,6 +300,65 @@ export class SimNode implements Target {
     }, { pure: true });
   }
 
+  /**
+   * The connection drops now and comes back at true time `until`, to the
+   * same server process (`"same"`: a blip) or another (`"other"`: the
+   * server restarted). Overlapping drops come back once, as `"other"` if
+   * either was.
+   */
+  drop(until: number, as: "same" | "other"): void {
+    if (this.dead || this.closed) return;
+    const sched = this.#sched;
+    const t0 = sched.now;
+    this.#net.disturbed(this, t0, until, `connection lost (${as})`);
+    if (this.linkDown) {
+      this.#upAt = Math.max(this.#upAt, until);
+      if (as === "other") this.#upAs = "other";
+      return;
+    }
+    this.linkDown = true;
+    this.#gen++;
+    this.#upAt = until;
+    this.#upAs = as;
+    const gen = this.#gen;
+    this.#trace.add(
+      t0,
+      undefined,
+      this.label,
+      () => `connection lost (back at ${until.toFixed(3)}, ${as})`,
+    );
+    // Told as the process runs: before any reply delivered after the drop.
+    sched.at(t0, () => {
+      this.#told = gen;
+      this.downSeen.push(sched.now);
+      for (const fn of this.#linkFns) fn("down");
+    }, { target: this, kind: "io" });
+    const up = () => {
+      if (this.#gen !== gen || this.dead) return;
+      if (sched.now < this.#upAt) {
+        sched.at(this.#upAt, up, { pure: true });
+        return;
+      }
+      this.linkDown = false;
+      const change = this.#upAs;
+      this.#trace.add(
+        sched.now,
+        undefined,
+        this.label,
+        () => `connection back (${change})`,
+      );
+      sched.at(sched.now, () => {
+        for (const fn of this.#linkFns) fn(change);
+      }, { target: this, kind: "io" });
+      if (this.closed) return;
+      const held = this.#heldSends;
+      this.#heldSends = [];
+      for (const send of held) send();
+      for (const fn of this.#resync) fn();
+    };
+    sched.at(until, up, { pure: true });
+  }
+
   /** The process stops for good. */
   crash(): void {
     if (this.dead) return;
@@ -359,41 +445,84 @@ export class SimNode implements Target {
         timeout,
         "timer",
       );
-      const drawn = this.#net.fate(this, what, req);
-      const fate = this.partitioned ? "lostRequest" : drawn;
-      if (fate !== "ok") {
-        this.#net.disturbed(
-          this,
-          t0,
-          t0 + timeout / this.rate + 1,
-          fate,
+      let told = false;
+      const transmit = () => {
+        if (this.closed) return;
+        // Sent while down: nats.js holds it and sends it to whatever
+        // server the connection comes back to, even once the request has
+        // timed out (its reply then goes nowhere).
+        if (this.linkDown) {
+          this.#trace.add(
+            sched.now,
+            key,
+            this.label,
+            () => `${describe()}: held until the connection is back`,
+          );
+          this.#heldSends.push(transmit);
+          return;
+        }
+        const ts = sched.now;
+        const gen = this.#gen;
+        const drawn = this.#net.fate(this, what, req);
+        const fate = this.partitioned ? "lostRequest" : drawn;
+        if (fate !== "ok") {
+          this.#net.disturbed(
+            this,
+            ts,
+            t0 + timeout / this.rate + 1,
+            fate,
+          );
+        }
+        this.#trace.add(
+          ts,
+          key,
+          this.label,
+          () => `→ ${describe()}${fate === "ok" ? "" : ` [${fate}]`}`,
         );
-      }
-      this.#trace.add(
-        t0,
-        key,
-        this.label,
-        () => `→ ${describe()}${fate === "ok" ? "" : ` [${fate}]`}`,
-      );
-      this.#net.sent(this, key ?? "*", req);
-      if (fate === "lostRequest") return;
-      const arrival = Math.max(t0 + this.#net.delay(), this.#lastArrival);
-      this.#lastArrival = arrival;
-      sched.at(arrival, () => {
-        const reply = serve();
-        if (fate === "lostReply") return;
-        const back = fate === "lateReply"
-          ? timeout / this.rate + this.#net.lateBy()
-          : this.#net.delay();
-        sched.at(sched.now + back, () => {
-          if (p.settled || this.partitioned) return;
-          if (reply instanceof Error) this.#settle(p, undefined, reply);
-          else {
-            this.#settle(p, reply);
-            if (what === "write") this.#net.replied(this, key ?? "*");
+        if (!told) {
+          told = true;
+          this.#net.sent(this, key ?? "*", req);
+        }
+        if (fate === "lostRequest") return;
+        const arrival = Math.max(ts + this.#net.delay(), this.#lastArrival);
+        this.#lastArrival = arrival;
+        sched.at(arrival, () => {
+          if (gen !== this.#gen) {
+            // The connection dropped since. Still inside a paused process
+            // (frozen): nats.js sends it on the next connection. On the
+            // wire: lost with the old connection.
+            if (sched.now > arrival) transmit();
+            return;
           }
-        }, { target: this, kind: "io" });
-      }, { target: this.#net.freeze ? this : undefined, pure: true });
+          const reply = serve();
+          if (fate === "lostReply") return;
+          const back = fate === "lateReply"
+            ? timeout / this.rate + this.#net.lateBy()
+            : this.#net.delay();
+          sched.at(sched.now + back, () => {
+            if (p.settled || this.partitioned) return;
+            if (gen !== this.#gen) {
+              // Sent by the server before the drop, not yet here: lost, or
+              // delivered after "down" (never before it).
+              if (this.#told !== this.#gen || !this.#net.crossedReply()) {
+                return;
+              }
+              this.#trace.add(
+                sched.now,
+                key,
+                this.label,
+                () => `${describe()}: reply crossed the lost connection`,
+              );
+            }
+            if (reply instanceof Error) this.#settle(p, undefined, reply);
+            else {
+              this.#settle(p, reply);
+              if (what === "write") this.#net.replied(this, key ?? "*");
+            }
+          }, { target: this, kind: "io" });
+        }, { target: this.#net.freeze ? this : undefined, pure: true });
+      };
+      transmit();
     });
   }
 
@@ -589,6 +718,9 @@ export class SimNode implements Target {
             return life;
           },
         ).catch(() => 0),
+      onLink: (fn) => {
+        this.#linkFns.push(fn);
+      },
       isClosed: () => this.closed,
       closed: () => this.#closedPromise,
     };
@@ -607,7 +739,7 @@ export class SimNode implements Target {
     const deliver = (e: Stored | null, due: number) => {
       lastDue = Math.max(due, lastDue);
       sched.at(lastDue, () => {
-        if (stopped || this.closed || this.partitioned) return;
+        if (stopped || this.closed || this.partitioned || this.linkDown) return;
         this.#trace.add(
           sched.now,
           key,
@@ -619,14 +751,16 @@ export class SimNode implements Target {
     };
     // The subject's last entry, read at the server one delay from now.
     const start = () => {
-      if (this.closed || this.partitioned) return;
+      if (this.closed || this.partitioned || this.linkDown) return;
       sched.at(sched.now + this.#net.delay(), () => {
         if (stopped || kv.gone) return;
         deliver(kv.last(subject) ?? null, sched.now + this.#net.delay());
       }, { pure: true });
     };
     const onAppend = (e: Stored) => {
-      if (e.subject !== subject || stopped || this.partitioned) return;
+      if (
+        e.subject !== subject || stopped || this.partitioned || this.linkDown
+      ) return;
       deliver(e, sched.now + this.#net.delay());
     };
     kv.appended.add(onAppend);

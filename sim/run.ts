@@ -289,6 +289,16 @@ export function describePlan(p: Plan): string {
     );
   }
   if (p.recreate) on.push("bucket re-created");
+  if (p.serverRestart) {
+    on.push(
+      `server restart at ${(p.restartAt * p.duration).toFixed(0)} ms losing ${
+        p.coverAcquire ? "back over an acquire" : `${p.lostTail} messages`
+      }`,
+    );
+  }
+  if (p.blipEvery) {
+    on.push(`connection blips every ~${p.blipEvery.toFixed(0)} ms`);
+  }
   if (p.connClose) on.push("a connection closes");
   if (p.crash) on.push("a crash");
   if (p.closeEvery) on.push(`close() every ~${p.closeEvery.toFixed(0)} ms`);
@@ -309,6 +319,8 @@ export function describePlan(p: Plan): string {
 /** Plan changes a reduction tries, in order: each removes a fault or some load. */
 const REDUCTIONS: ((p: Plan) => Partial<Plan>)[] = [
   () => ({ recreate: false }),
+  () => ({ serverRestart: false }),
+  () => ({ blipEvery: 0 }),
   () => ({ connClose: false }),
   () => ({ crash: false }),
   () => ({ closeEvery: 0 }),

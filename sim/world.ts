@@ -24,7 +24,7 @@ import {
   type Episode,
   type History,
 } from "./check.ts";
-import { SimKv, type Stored } from "./kv.ts";
+import { MAX_LOST, SimKv, type Stored } from "./kv.ts";
 import {
   type BucketGoneClass,
   type Fate,
@@ -80,6 +80,13 @@ export interface SimOptions {
   markerEditChance?: number;
   /** Probability of a bucket deletion and re-creation in a history. @default {0.1} */
   recreateChance?: number;
+  /**
+   * Probability of a server restart that loses its last acknowledged
+   * messages in a history (see {@linkcode Plan.serverRestart}). @default {0.25}
+   */
+  restartChance?: number;
+  /** Probability of connection blips (down, then back on the same server). @default {0.25} */
+  blipChance?: number;
   /** Probability of a crash-and-replace liveness episode (P5). @default {0.3} */
   livenessChance?: number;
   /** Kind of the non-careful writes. @default {"blind"} */
@@ -192,6 +199,21 @@ export interface Plan {
   /** Crash a holder mid-history and check that a contender takes over (P5). */
   liveness: boolean;
   /**
+   * A server restart at `restartAt` × the history's length that loses its
+   * last `lostTail` acknowledged messages (reusing their sequences), and
+   * drops every connection: each comes back, as another server process,
+   * `restartGap` ms later plus up to two delays. Drawn from a stream of its
+   * own, as are the blips.
+   */
+  serverRestart: boolean;
+  restartAt: number;
+  lostTail: number;
+  /** The lost tail reaches back to (and over) the latest holder's acquire. */
+  coverAcquire: boolean;
+  restartGap: number;
+  /** Mean time between connection blips (down, back on the same server), ms (0: none). */
+  blipEvery: number;
+  /**
    * Probability that a renewal's send meets a storm: 15-40 operator
    * deletes and purges on its key, each within one network delay of the
    * last, so the renewal's revisions keep moving (0: none).
@@ -257,6 +279,12 @@ export interface WriteRec {
   commitDeadline?: number;
   /** Why the commit check threw. */
   reason?: string;
+  /**
+   * True time at which the server applied the put that began its tenure
+   * (a tenure is a manager instance, an epoch and this: a restart that
+   * lost a tail can hand the same epoch to the same manager again).
+   */
+  readonly acquiredAt: number;
 }
 
 /** A manager in the history. */
@@ -339,6 +367,12 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     partitions: 0,
     markerEdit: undefined,
     markerEditAt: 0,
+    serverRestart: false,
+    restartAt: 0,
+    lostTail: 0,
+    coverAcquire: false,
+    restartGap: 0,
+    blipEvery: 0,
   };
   const rw = stream(seed, "waitplan");
   plan.waitShare = rw.chance(0.5) ? rw.between(0.1, 0.6) : 0;
@@ -352,12 +386,24 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
   const editKind = rm.pick(["remove", "lower", "rollback"] as const);
   plan.markerEditAt = rm.between(0.05, 0.8);
   plan.markerEdit = edit ? editKind : undefined;
+  const rr = stream(seed, "restartplan");
+  plan.serverRestart = rr.chance(o.restartChance ?? 0.25);
+  plan.restartAt = rr.between(0.15, 0.85);
+  plan.lostTail = 1 + rr.int(8);
+  plan.coverAcquire = rr.chance(0.5);
+  plan.restartGap = rr.between(1, ttl / 2);
+  plan.blipEvery = rr.chance(o.blipChance ?? 0.25) ? rr.between(2, 8) * ttl : 0;
   Object.assign(plan, o.override);
   // Only markers can be removed, lowered or rolled back.
   if (!plan.markers) plan.markerEdit = undefined;
   // The liveness episode needs a manager that can still act: none made
   // defunct by the bucket or its connection, none giving keys up on its own.
-  if (plan.recreate || plan.connClose || plan.idleRelease !== undefined) {
+  // A restart that lost acknowledged messages may leave managers defunct
+  // or proving their leases when the episode starts.
+  if (
+    plan.recreate || plan.connClose || plan.idleRelease !== undefined ||
+    plan.serverRestart
+  ) {
     plan.liveness = false;
   }
   return plan;
@@ -412,6 +458,7 @@ export async function runHistory(
   const rWait = stream(seed, "wait");
   const rCheck = stream(seed, "check");
   const rPart = stream(seed, "partitions");
+  const rRestart = stream(seed, "restart");
   const pauseLength = (): number => {
     const x = rPause.next();
     return x < 0.5
@@ -458,6 +505,24 @@ export async function runHistory(
   const tenures: TenureRec[] = [];
   const nodes = new Map<string, SimNode>();
   const mgrs: Mgr[] = [];
+  /** When each process's put at each revision was applied, latest first. */
+  const applied = new Map<string, number>();
+  kv.appended.add((e) => {
+    if (e.operation === undefined && e.marker === undefined) {
+      applied.set(`${e.writer}|${e.key}|${e.seq}`, e.stamp);
+    }
+  });
+  /**
+   * Managers that went defunct because the server lost writes it had
+   * acknowledged (point 10): when the workload first saw it.
+   */
+  const defunct = new Map<string, number>();
+  const sawDefunct = (m: Mgr, err: unknown) => {
+    if (
+      !defunct.has(m.label) &&
+      /lost writes it had acknowledged/.test((err as Error)?.message ?? "")
+    ) defunct.set(m.label, sched.now);
+  };
   let quiet = false;
   let episode: Episode | undefined;
 
@@ -540,6 +605,7 @@ export async function runHistory(
     disturbed(node, t0, t1, why) {
       disturbances.push({ scope: "node", who: node.label, t0, t1, why });
     },
+    crossedReply: () => rRestart.chance(0.5),
   };
 
   const newNode = (label: string): SimNode => {
@@ -616,6 +682,7 @@ export async function runHistory(
     signal.addEventListener("abort", () => {
       tenure.end = sched.now;
       const reason = signal.reason as Error | undefined;
+      sawDefunct(m, reason);
       trace.add(
         sched.now,
         key,
@@ -698,6 +765,7 @@ export async function runHistory(
         epoch: lease.epoch,
         kind,
         incarnation: kv.incarnation,
+        acquiredAt: applied.get(`${m.label}|${key}|${lease.epoch}`) ?? NaN,
         start: t,
         startLocal: local,
         startDeadline: lease.deadline,
@@ -790,6 +858,7 @@ export async function runHistory(
             lease.throwIfLost();
           } catch (err) {
             rec.reason = `${(err as Error).name}: ${(err as Error).message}`;
+            sawDefunct(m, err);
             trace.add(
               sched.now,
               key,
@@ -842,6 +911,7 @@ export async function runHistory(
       },
       (err: Error) => {
         call.t1 = sched.now;
+        sawDefunct(m, err);
         trace.add(
           sched.now,
           key,
@@ -976,6 +1046,61 @@ export async function runHistory(
     sched.at(td + gap, () => kv.createBucket(), { pure: true });
   }
 
+  // A server restart that loses its last acknowledged messages (point 10
+  // of lease.ts; durability in its header): every connection drops and
+  // comes back to another server process.
+  if (plan.serverRestart) {
+    sched.at(plan.restartAt * plan.duration, () => {
+      if (quiet || kv.gone) return;
+      const t = sched.now;
+      let k = plan.lostTail;
+      if (plan.coverAcquire) {
+        // Back to (and over) the latest acquire still in reach: a holder
+        // whose tenure the server forgets, renewals and all.
+        const acq = kv.recent().find((e) =>
+          /^lease:[^:]+:0:/.test(e.msgId ?? "")
+        );
+        if (acq) k = kv.tailSeq() - acq.seq + 1 + rRestart.int(2);
+      }
+      const lost = kv.loseTail(Math.min(k, MAX_LOST));
+      const back = t + plan.restartGap;
+      disturbances.push({
+        scope: "all",
+        who: "server",
+        t0: t,
+        t1: back + 2 * plan.maxDelay + plan.timeout,
+        why: `server restart (lost ${lost.length})`,
+      });
+      for (const m of mgrs) {
+        m.node.drop(back + rRestart.between(0, 2 * plan.maxDelay), "other");
+      }
+    });
+  }
+
+  // Connection blips: one process's connection drops and comes back to the
+  // same server process, which lost nothing.
+  if (plan.blipEvery > 0) {
+    const next = () => {
+      sched.at(sched.now + rRestart.exp(plan.blipEvery), () => {
+        const up = mgrs.filter((m) => !m.node.dead && !m.node.closed);
+        const m = up.length > 0 ? rRestart.pick(up) : undefined;
+        const len = rRestart.between(1, ttl / 2);
+        if (m && !quiet) {
+          disturbances.push({
+            scope: "node",
+            who: m.label,
+            t0: sched.now,
+            t1: sched.now + len + plan.timeout,
+            why: "connection blip",
+          });
+          m.node.drop(sched.now + len, "same");
+        }
+        next();
+      });
+    };
+    next();
+  }
+
   const replace = (m: Mgr) => {
     if (!plan.restart || m.replaced) return;
     m.replaced = true;
@@ -1071,7 +1196,10 @@ export async function runHistory(
       });
       // Every process that may act must be running: nothing held back by a
       // pause lands inside the window.
-      if (candidates.length === 0 || mgrs.some((m) => m.node.paused)) return;
+      if (
+        candidates.length === 0 ||
+        mgrs.some((m) => m.node.paused || m.node.linkDown)
+      ) return;
       const { key, h } = rFault.pick(candidates);
       const t = sched.now;
       const maxDelay = plan.maxDelay;
@@ -1138,6 +1266,8 @@ export async function runHistory(
     guardCalls,
     givenUp,
     tenures,
+    losses: kv.losses,
+    defunct,
   };
   const checked = check(history);
   violations.push(...checked.violations);
