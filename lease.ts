@@ -217,6 +217,10 @@
  *    is not suspended; and the successor's epoch may equal the lost
  *    holder's, so a store that refuses only older epochs accepts both
  *    tenures' writes (before and after the restart) under one epoch.
+ *    A process paused across the restart may also run a write's commit
+ *    check before its event loop sees the drop, and pass it on a deadline
+ *    whose renewal the server lost, while a successor that found the key
+ *    emptied writes (the simulator's finding 8).
  *    `Lease.tenure` names each tenure uniquely: a store that refuses the
  *    newest epoch it accepted when another tenure sends it (as well as
  *    older epochs) never accepts two tenures under one epoch, at the cost

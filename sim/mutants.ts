@@ -160,8 +160,8 @@ export const MUTANTS: readonly Mutant[] = [
     expect: "P1",
     seed: 4270,
     edits: [[
-      "this.#tookOver(st, seen.seq, p.grace, p.sent);",
-      "this.#tookOver(st, seen.seq, 0, p.sent);",
+      'this.#tookOver(st, seen.seq, p.grace, p.sent, "recovered");',
+      'this.#tookOver(st, seen.seq, 0, p.sent, "recovered");',
     ]],
   },
   {
@@ -224,8 +224,8 @@ export const MUTANTS: readonly Mutant[] = [
         "    this.#clearExpiry(st);\n    const now = this.#port.now();\n    const t = st.tenure;",
       ],
       [
-        "    st.held = false;\n    // Given up from here on, before the caller hears of it: a reply still\n    // in flight must not make this state hold or renew again.\n    st.gone = true;\n    return released;",
-        "    return released;",
+        "    st.held = false;\n    // Given up from here on, before the caller hears of it: a reply still\n    // in flight must not make this state hold or renew again.\n    st.gone = true;\n",
+        "",
       ],
       [
         "      st.gone = true;\n      if (this.#keys.get(st.key) === st)",
