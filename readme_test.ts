@@ -280,6 +280,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       "edge-app",
       "edge-run",
       "examples-run",
+      "events",
     ]);
     const unnamed = blocks.filter((b) => b.name === undefined)
       .map((b) => `${b.file}:${b.line}`);
@@ -361,6 +362,27 @@ describe("the README's and docs' code blocks, run as written", () => {
         `  [figures] quick start under ${nodeSeen}: both done after ${
           Math.round(r.ms)
         } ms`,
+      );
+    },
+  );
+
+  test(
+    "docs/api.md's events block: acquired, health ok, released, in that order",
+    { timeout: 60_000 },
+    async () => {
+      assert.equal(installed.code, 0, installed.stderr);
+      fs.writeFileSync(path.join(qs, "events.js"), local(block("events")));
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local("node events.js")],
+        qs,
+        env,
+      );
+      assert.equal(r.code, 0, `exit ${r.code}\n${r.stdout}\n${r.stderr}`);
+      assert.match(
+        r.stdout,
+        /^acquired report \d+\nhealth: ok\nreleased report \d+\n$/,
+        r.stdout + r.stderr,
       );
     },
   );
