@@ -739,19 +739,32 @@ class SemaphoreImpl implements Semaphore {
     const busy = c.tickets.size > 0 || this.#lock.busy ||
       (c.turnstile !== undefined && c.turnstile.node !== leases.node);
     let ticket: string | undefined;
-    let lease: Lease;
+    let lease: Lease | undefined;
     try {
-      if (!wait) {
-        if (busy || !this.#lock.tryLock()) throw this.#full(c, true);
-      } else {
-        if (busy) ticket = await this.#queue(signal);
-        await this.#lock.lock(signal);
+      if (!busy) {
+        // Nobody in line: straight to the turnstile, unless another node
+        // took it since the census; then in line like anyone.
+        if (wait) await this.#lock.lock(signal);
+        else if (!this.#lock.tryLock()) throw this.#full(c, true);
+        try {
+          lease = await this.#tryTurnstile(signal);
+        } finally {
+          if (lease === undefined) this.#lock.unlock();
+        }
       }
-      try {
-        lease = await this.#takeTurnstile(wait, signal, c);
-      } catch (err) {
-        this.#lock.unlock();
-        throw err;
+      if (lease === undefined) {
+        if (!wait) throw this.#full(c, true);
+        ticket = await this.#queue(signal);
+        await this.#lock.lock(signal);
+        try {
+          lease = await leases.guard(this.#turnstile, (l) => l, {
+            wait: true,
+            ...(signal ? { signal } : {}),
+          });
+        } catch (err) {
+          this.#lock.unlock();
+          throw err;
+        }
       }
     } finally {
       // Holding the turnstile (or giving up), we leave the line: the next
@@ -760,9 +773,10 @@ class SemaphoreImpl implements Semaphore {
         void leases.release(ticket).catch(() => {});
       }
     }
+    const held = lease;
     let left: Promise<void> | undefined;
     return {
-      lease,
+      lease: held,
       leave: () =>
         left ??= leases.release(this.#turnstile).catch(() => {}).finally(
           () => this.#lock.unlock(),
@@ -770,25 +784,21 @@ class SemaphoreImpl implements Semaphore {
     };
   }
 
-  async #takeTurnstile(
-    wait: boolean,
+  /**
+   * One attempt at the turnstile: its lease, or `undefined` when another
+   * node holds it. Waits out our own grace on a turnstile nobody used for a
+   * while (a fresh key, or one whose holder crashed).
+   */
+  async #tryTurnstile(
     signal: AbortSignal | undefined,
-    c: Census,
-  ): Promise<Lease> {
+  ): Promise<Lease | undefined> {
     const key = this.#turnstile;
-    if (wait) {
-      return await this.#leases.guard(key, (l) => l, {
-        wait: true,
-        ...(signal ? { signal } : {}),
-      });
-    }
     for (;;) {
       try {
         return await this.#leases.guard(key, (l) => l);
       } catch (err) {
         if (!(err instanceof NotHolderError)) throw err;
-        if (err.retryAfter === undefined) throw this.#full(c, true);
-        // Our own grace on a turnstile nobody used for a while.
+        if (err.retryAfter === undefined) return undefined;
         await sleep(err.retryAfter, signal).catch(async (reason) => {
           await this.#leases.release(key);
           throw reason;

@@ -74,6 +74,27 @@ describe("semaphore", () => {
     await ns[Symbol.asyncDispose]();
   });
 
+  test("LeaseManager.holders(prefix) lists the held keys below the prefix with their holders, not released ones, and checks its input", async () => {
+    const bucket = uniq("s");
+    const a = await manager("a", bucket);
+    const b = await manager("b", bucket);
+    assert.deepEqual([...(await a.holders("fam"))], []);
+    await a.guard("fam.x", () => {});
+    await b.guard("fam.y.z", () => {});
+    await b.guard("fam.gone", () => {});
+    await b.release("fam.gone");
+    await a.guard("family", () => {}); // not below "fam."
+    const h = await a.holders("fam");
+    assert.deepEqual([...h.keys()], ["fam.x", "fam.y.z"]);
+    assert.equal(h.get("fam.x")?.node, "a");
+    assert.equal(h.get("fam.y.z")?.node, "b");
+    assert.equal(h.get("fam.x")?.epoch, (await a.holder("fam.x"))?.epoch);
+    await assert.rejects(a.holders("fam.>"), TypeError);
+    await assert.rejects(a.holders(""), TypeError);
+    await b.close();
+    await assert.rejects(b.holders("fam"), TypeError);
+  });
+
   test("semaphore() throws TypeError or RangeError on bad input, before anything is sent", async () => {
     const m = await manager("a", uniq("s"));
     assert.throws(
