@@ -17,8 +17,9 @@
  *   holder, so takers are serialised: the one that holds it counts the held
  *   slots (read from the stream leader) and takes a free one, or waits for
  *   one while newcomers wait for the turnstile.
- * - `<name>.q.<id>`: a ticket, one per waiting contender. Its epoch (a KV
- *   revision, so a global order) is its place in the queue.
+ * - `<name>.q.<id>-<n>`: a ticket, one per waiting contender (`<id>` names
+ *   the process, `n` is reused). Its epoch (a KV revision, so a global
+ *   order) is its place in the queue.
  *
  * ## Limit agreement
  * The limit is recorded in the bucket by the held slots' own keys, so the
@@ -390,6 +391,35 @@ interface Census {
 class LocalLock {
   #held = false;
   readonly #queue: (() => void)[] = [];
+  readonly #tickets: boolean[] = [];
+  /**
+   * Names this process's tickets: a hash of the node id and a random part,
+   * so two processes never share a ticket key. Ticket keys are reused
+   * (`<id>-<n>`, the smallest `n` free), so the keys under a name stay as
+   * few as the waiters, which keeps each census short.
+   */
+  readonly id: string;
+
+  constructor(node: string) {
+    let h = 0x811c9dc5;
+    for (let i = 0; i < node.length; i++) {
+      h = Math.imul(h ^ node.charCodeAt(i), 0x01000193) >>> 0;
+    }
+    this.id = `${h.toString(16).padStart(8, "0")}${
+      crypto.randomUUID().slice(0, 8)
+    }`;
+  }
+
+  takeTicket(): number {
+    let n = this.#tickets.indexOf(false);
+    if (n < 0) n = this.#tickets.length;
+    this.#tickets[n] = true;
+    return n;
+  }
+
+  returnTicket(n: number): void {
+    this.#tickets[n] = false;
+  }
 
   get busy(): boolean {
     return this.#held;
@@ -432,7 +462,7 @@ function localLock(leases: LeaseManager, name: string): LocalLock {
   let byName = locks.get(leases);
   if (!byName) locks.set(leases, byName = new Map());
   let lock = byName.get(name);
-  if (!lock) byName.set(name, lock = new LocalLock());
+  if (!lock) byName.set(name, lock = new LocalLock(leases.node));
   return lock;
 }
 
@@ -512,6 +542,12 @@ class SemaphoreImpl implements Semaphore {
 
   #slotKey(i: number): string {
     return `${this.name}.${this.#resize ? "r" : "n"}${this.limit}.${i}`;
+  }
+
+  /** The index of one of our own slot keys, else -1. */
+  #slotIndex(key: string): number {
+    const i = Number(key.slice(key.lastIndexOf(".") + 1));
+    return Number.isInteger(i) && this.#slotKey(i) === key ? i : -1;
   }
 
   async holders(): Promise<Map<string, Holder>> {
@@ -637,7 +673,26 @@ class SemaphoreImpl implements Semaphore {
     const turn = await this.#enter(wait, signal);
     let ok = false;
     try {
+      let freed: number | undefined;
       for (;;) {
+        if (freed !== undefined) {
+          // A slot of ours was freed while we held the turnstile: nobody
+          // took a slot since our census, so the count only fell.
+          const key = this.#slotKey(freed);
+          const got = await this.#trySlot(
+            key,
+            freed,
+            turn,
+            body,
+            check,
+            signal,
+          );
+          if (got !== undefined) {
+            ok = true;
+            return { key, slot: freed, value: got.value, turn };
+          }
+          freed = undefined;
+        }
         const c = await this.#census();
         const mismatch = this.#mismatch(c);
         if (mismatch) throw mismatch;
@@ -652,7 +707,9 @@ class SemaphoreImpl implements Semaphore {
         }
         if (free < 0) {
           if (!wait) throw this.#full(c, false);
-          await this.#waitForChange(c, signal);
+          const key = await this.#waitForChange(c, signal);
+          const mine = key === undefined ? -1 : this.#slotIndex(key);
+          if (mine >= 0) freed = mine;
           continue;
         }
         const key = this.#slotKey(free);
@@ -711,13 +768,21 @@ class SemaphoreImpl implements Semaphore {
     }
   }
 
-  /** Resolves when a slot in `c` changes holder (or is freed). */
-  async #waitForChange(c: Census, signal: AbortSignal | undefined) {
+  /**
+   * Resolves when a slot in `c` changes holder: with its key when it was
+   * freed, `undefined` when it changed otherwise (or the watch ended).
+   */
+  async #waitForChange(
+    c: Census,
+    signal: AbortSignal | undefined,
+  ): Promise<string | undefined> {
     const ctl = new AbortController();
     const stop = signal ? AbortSignal.any([signal, ctl.signal]) : ctl.signal;
+    let freed: string | undefined;
     try {
       await Promise.race([...c.slots].map(async ([key, s]) => {
         for await (const h of this.#leases.watch(key, { signal: stop })) {
+          if (h === null) freed ??= key;
           if (h === null || h.epoch !== s.holder.epoch) return;
         }
       }));
@@ -725,6 +790,7 @@ class SemaphoreImpl implements Semaphore {
       ctl.abort();
     }
     if (signal?.aborted) throw abortReason(signal);
+    return freed;
   }
 
   /**
@@ -769,9 +835,7 @@ class SemaphoreImpl implements Semaphore {
     } finally {
       // Holding the turnstile (or giving up), we leave the line: the next
       // ticket's holder goes to the turnstile.
-      if (ticket !== undefined) {
-        void leases.release(ticket).catch(() => {});
-      }
+      if (ticket !== undefined) this.#dropTicket(ticket);
     }
     const held = lease;
     let left: Promise<void> | undefined;
@@ -813,9 +877,8 @@ class SemaphoreImpl implements Semaphore {
    */
   async #queue(signal: AbortSignal | undefined): Promise<string> {
     const leases = this.#leases;
-    const ticket = `${this.name}.q.${
-      crypto.randomUUID().replaceAll("-", "").slice(0, 16)
-    }`;
+    const n = this.#lock.takeTicket();
+    const ticket = `${this.name}.q.${this.#lock.id}-${n}`;
     let ok = false;
     try {
       await leases.held(ticket);
@@ -849,8 +912,16 @@ class SemaphoreImpl implements Semaphore {
         }
       }
     } finally {
-      if (!ok) void leases.release(ticket).catch(() => {});
+      if (!ok) this.#dropTicket(ticket);
     }
+  }
+
+  /** Leaves the line: the ticket's key is used again by a later waiter. */
+  #dropTicket(ticket: string): void {
+    const n = Number(ticket.slice(ticket.lastIndexOf("-") + 1));
+    void this.#leases.release(ticket).catch(() => {}).finally(() =>
+      this.#lock.returnTicket(n)
+    );
   }
 }
 
