@@ -163,9 +163,7 @@ const OPTIONS: readonly Opt[] = [
     short: "-n",
     arg: "N",
     subs: ["run"],
-    text: "run CMD in one of N slots of KEY (a semaphore: at most N\n" +
-      "run at once; every run of KEY must give the same N);\n" +
-      "LEASE_SLOT is the slot, LEASE_KEY its key",
+    text: "run CMD in one of N slots of KEY (at most N at once)",
   },
   {
     flag: "--kill-after",

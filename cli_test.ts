@@ -847,7 +847,7 @@ describe("the lease command", () => {
     const here = path.dirname(CLI);
     const dir = fs.mkdtempSync(path.join(here, ".tmp-nowatchdog-"));
     try {
-      for (const f of ["cli.ts", "cli_cgroup.ts", "lease.ts"]) {
+      for (const f of ["cli.ts", "cli_cgroup.ts", "lease.ts", "semaphore.ts"]) {
         fs.copyFileSync(path.join(here, f), path.join(dir, f));
       }
       const key = uniq("nw");
