@@ -67,6 +67,7 @@
 
 import {
   type GuardCheck,
+  type GuardOptions,
   type Holder,
   type Lease,
   type LeaseManager,
@@ -631,7 +632,11 @@ class SemaphoreImpl implements Semaphore {
       options.wait === true,
       options.signal,
       (lease, slot) => write(new SlotLeaseImpl(lease, slot)),
-      options.check,
+      {
+        // The write's lease aborts with the guard's signal, as a guard's does.
+        ...(options.signal ? { signal: options.signal } : {}),
+        ...(options.check ? { check: options.check } : {}),
+      },
     );
     try {
       return await value;
@@ -654,7 +659,7 @@ class SemaphoreImpl implements Semaphore {
       true,
       signal,
       (lease, slot) => new HeldSlotImpl(this.#leases, lease, slot),
-      undefined,
+      {}, // the wait's signal must not end the slot once handed out
     );
     await turn.leave();
     return value;
@@ -668,7 +673,7 @@ class SemaphoreImpl implements Semaphore {
     wait: boolean,
     signal: AbortSignal | undefined,
     body: (lease: Lease, slot: number) => R | Promise<R>,
-    check: GuardCheck | undefined,
+    opts: GuardOptions,
   ): Promise<{ key: string; slot: number; value: Promise<R>; turn: Turn }> {
     const turn = await this.#enter(wait, signal);
     let ok = false;
@@ -684,7 +689,7 @@ class SemaphoreImpl implements Semaphore {
             freed,
             turn,
             body,
-            check,
+            opts,
             signal,
           );
           if (got !== undefined) {
@@ -713,7 +718,7 @@ class SemaphoreImpl implements Semaphore {
           continue;
         }
         const key = this.#slotKey(free);
-        const got = await this.#trySlot(key, free, turn, body, check, signal);
+        const got = await this.#trySlot(key, free, turn, body, opts, signal);
         if (got === undefined) continue; // held by another after all
         ok = true;
         return { key, slot: free, value: got.value, turn };
@@ -732,16 +737,12 @@ class SemaphoreImpl implements Semaphore {
     slot: number,
     turn: Turn,
     body: (lease: Lease, slot: number) => R | Promise<R>,
-    check: GuardCheck | undefined,
+    opts: GuardOptions,
     signal: AbortSignal | undefined,
   ): Promise<{ value: Promise<R> } | undefined> {
     for (;;) {
       let started!: () => void;
       const begun = new Promise<void>((r) => started = r);
-      const opts = {
-        ...(signal ? { signal } : {}),
-        ...(check ? { check } : {}),
-      };
       const value = this.#leases.guard(key, (lease) => {
         // Nobody else took a slot since our census: the turnstile is ours.
         turn.lease.throwIfLost();

@@ -293,7 +293,12 @@ describe("semaphore", () => {
     }
     const released = performance.now();
     await eventually(() => taken > 0, 2000, "the waiter to write");
-    const slot = await semA.acquire();
+    // The wait's signal does not end a slot once handed out.
+    const ac = new AbortController();
+    const slot = await semA.acquire({ signal: ac.signal });
+    ac.abort();
+    assert.equal(slot.signal.aborted, false);
+    slot.throwIfLost();
     const epoch = slot.epoch;
     await slot.release();
     await slot.release(); // twice is fine
