@@ -6,8 +6,10 @@
  * {@linkcode semaphore} takes a {@linkcode LeaseManager} and uses only its
  * public interface (`guard`, `held`, `holders`, `watch`, `release`), so the
  * lease protocol, its safety argument and its simulator cover every slot as
- * they cover any key, and `lease.ts` does not grow for a recipe. A method on
- * the manager would only forward to it.
+ * they cover any key, and `lease.ts` does not grow for a recipe: the one
+ * method added to the interface for it, {@linkcode LeaseManager.holders},
+ * is general (any family of leases needs to list its members). A method on
+ * the manager would only forward to this function.
  *
  * ## Keys, under `<name>.` in the manager's bucket
  * - `<name>.n<limit>.<i>`: slot `i` (0 ≤ i < limit). Its name records the
