@@ -31,12 +31,19 @@ import {
 } from "./cli_cgroup.ts";
 import {
   createLeaseManager,
+  type GuardOptions,
   type Holder,
+  type Lease,
   type LeaseManager,
   MIN_TTL,
   NotHolderError,
   UnavailableError,
 } from "./lease.ts";
+import {
+  LimitMismatchError,
+  MAX_SEMAPHORE_LIMIT,
+  semaphore,
+} from "./semaphore.ts";
 
 /**
  * The exit statuses of `lease` itself (BSD sysexits where one fits).
@@ -71,6 +78,11 @@ export const EXIT: {
   readonly LOST: 75;
   /** `lease release`: the key is not held by the node named. */
   readonly NOT_HOLDER: 1;
+  /**
+   * `lease run -n N`: a slot of KEY is held under another limit (a
+   * {@linkcode LimitMismatchError}); nothing was run.
+   */
+  readonly LIMIT_MISMATCH: 76;
 } = {
   USAGE: 64,
   BAD_KEY: 65,
@@ -82,6 +94,7 @@ export const EXIT: {
   NO_CONTAIN: 71,
   LOST: 75,
   NOT_HOLDER: 1,
+  LIMIT_MISMATCH: 76,
 };
 
 /** How long `lease release` keeps trying while the holder keeps renewing. */
@@ -146,6 +159,13 @@ const OPTIONS: readonly Opt[] = [
     text: "holder id (default: host name and process id)",
   },
   {
+    flag: "--limit",
+    short: "-n",
+    arg: "N",
+    subs: ["run"],
+    text: "run CMD in one of N slots of KEY (at most N at once)",
+  },
+  {
     flag: "--kill-after",
     arg: "MS",
     subs: ["run"],
@@ -202,12 +222,18 @@ or frozen; a successor starts only after the TTL and the grace. CMD starts
 only once the watchdog says it is running, and is stopped if it dies (exit
 ${EXIT.NO_WATCHDOG}). A process that leaves CMD's process group (setsid, a double fork)
 is out of reach of both, unless --contain: fence its writes with LEASE_EPOCH
-(and LEASE_TENURE, see docs/safety.md).`,
+(and LEASE_TENURE, see docs/safety.md).
+
+With -n N, KEY names a semaphore of N slots (at most N commands at once): CMD
+runs in one free slot, with LEASE_SLOT its index and LEASE_KEY and LEASE_EPOCH
+its key and epoch, after waiting in line (first come, first served) while all
+are held. Every run of KEY must give the same N.`,
     notes:
       `Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.BAD_DURATION} a bad
 duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
 answering before the command started), ${EXIT.NO_WATCHDOG} the watchdog did not start or died, ${EXIT.LOST}
-(or --lost-status) lease lost while CMD ran.`,
+(or --lost-status) lease lost while CMD ran, ${EXIT.LIMIT_MISMATCH} (-n) a slot of KEY is held under
+another N.`,
   },
   holder: {
     summary: "print who holds KEY",
@@ -358,6 +384,7 @@ interface Args {
   json: boolean;
   help: boolean;
   command: string[];
+  limit?: number;
 }
 
 function duration(
@@ -467,6 +494,20 @@ function parse(argv: string[]): Args {
       case "--kill-after":
         a.killAfter = duration(flag, inline ?? own[++i], fail);
         break;
+      case "--limit": {
+        const v = value();
+        a.limit = Number(v);
+        if (
+          !/^\d+$/.test(v) || a.limit < 1 || a.limit > MAX_SEMAPHORE_LIMIT
+        ) {
+          throw fail(
+            `${flag} needs a number of slots from 1 to ${MAX_SEMAPHORE_LIMIT}: received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        break;
+      }
       case "--lost-status": {
         const v = value();
         a.lostStatus = Number(v);
@@ -804,10 +845,23 @@ async function run(a: Args): Promise<number> {
   process.on("SIGTERM", onTerm);
   // Until the command starts, say who it waits for.
   const untilStarted = new AbortController();
-  const reported = reportWaiting(leases, a, untilStarted.signal);
+  const reported = a.limit === undefined
+    ? reportWaiting(leases, a, untilStarted.signal)
+    : reportSlots(leases, a, untilStarted.signal);
+  // With -n, one of the semaphore's slots: the lease is the slot's.
+  const sem = a.limit === undefined
+    ? undefined
+    : semaphore(leases, a.key, { limit: a.limit });
+  const guard = <T>(
+    write: (lease: Lease & { readonly slot?: number }) => Promise<T>,
+    options: GuardOptions,
+  ): Promise<T> =>
+    sem === undefined
+      ? leases.guard(a.key, write, options)
+      : sem.guard(write, options);
   let status: number;
   try {
-    status = await leases.guard(a.key, async (lease) => {
+    status = await guard(async (lease) => {
       untilStarted.abort();
       if (!watchdog.alive()) {
         say(
@@ -816,7 +870,11 @@ async function run(a: Args): Promise<number> {
         );
         return EXIT.NO_WATCHDOG;
       }
-      say(`holding '${a.key}' as ${a.node}, epoch ${lease.epoch}`);
+      say(
+        lease.slot === undefined
+          ? `holding '${a.key}' as ${a.node}, epoch ${lease.epoch}`
+          : `holding slot ${lease.slot} of '${a.key}' ('${lease.key}') as ${a.node}, epoch ${lease.epoch}`,
+      );
       // With --contain the command enters its cgroup before it execs, so
       // everything it starts is born inside.
       const [file, args] = cgroup === undefined
@@ -832,10 +890,13 @@ async function run(a: Args): Promise<number> {
         detached: true, // a process group of its own, to stop as a whole
         env: {
           ...process.env,
-          LEASE_KEY: a.key,
+          LEASE_KEY: lease.key,
           LEASE_NODE: a.node,
           LEASE_EPOCH: String(lease.epoch),
           LEASE_TENURE: lease.tenure,
+          ...(lease.slot === undefined
+            ? {}
+            : { LEASE_SLOT: String(lease.slot) }),
         },
       });
       const exited = new Promise<number>((resolve) => {
@@ -885,7 +946,9 @@ async function run(a: Args): Promise<number> {
         // A dead watchdog can no longer stop the command if we freeze: stop
         // it now rather than run unprotected.
         void watchdog.exited.then((how) => {
-          if (stopped !== undefined || !running()) return;
+          if (stopped !== undefined || !running()) {
+            return;
+          }
           stopped = "watchdog";
           say(`the watchdog died (${how}): stopping the command`);
           stop();
@@ -896,7 +959,7 @@ async function run(a: Args): Promise<number> {
         if (stopped !== undefined) return;
         stopped = "lost";
         say(
-          `lost '${a.key}': ${
+          `lost '${lease.key}': ${
             whyLost(
               lease.signal.reason,
               performance.now() < vouched,
@@ -974,6 +1037,34 @@ async function run(a: Args): Promise<number> {
  * A hint from the manager's watch until `signal` aborts (the command
  * starts); the guard alone decides when that is.
  */
+/** With -n: once the wait has lasted a moment, says who holds the slots. */
+async function reportSlots(
+  leases: LeaseManager,
+  a: Args,
+  signal: AbortSignal,
+): Promise<void> {
+  await new Promise((r) => {
+    const t = setTimeout(r, 250);
+    signal.addEventListener("abort", () => {
+      clearTimeout(t);
+      r(undefined);
+    }, { once: true });
+  });
+  if (signal.aborted) return;
+  try {
+    const held = await semaphore(leases, a.key, { limit: a.limit! }).holders();
+    if (signal.aborted) return;
+    say(
+      `waiting for one of ${a.limit} slots of '${a.key}', held by ${
+        [...held].map(([k, h]) => `${h.node} (${k}, epoch ${h.epoch})`)
+          .join(", ") || "nobody (others wait in line)"
+      }`,
+    );
+  } catch {
+    // A hint only: the guard reports what stops the run.
+  }
+}
+
 async function reportWaiting(
   leases: LeaseManager,
   a: Args,
@@ -1204,6 +1295,10 @@ export async function main(argv: string[]): Promise<number> {
     if (err instanceof UnavailableError) {
       say(err.message);
       return EXIT.UNAVAILABLE;
+    }
+    if (err instanceof LimitMismatchError) {
+      say(err.message);
+      return EXIT.LIMIT_MISMATCH;
     }
     throw err;
   }

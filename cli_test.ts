@@ -505,6 +505,55 @@ describe("the lease command", () => {
     assert.deepEqual(JSON.parse(h.out()), { key, holder: null });
   });
 
+  test("lease run -n 2: four runs on one key, at most two commands at once, each with LEASE_SLOT and its slot's LEASE_KEY and LEASE_EPOCH; another -n exits 76 and runs nothing; a bad -n exits 64", async () => {
+    const file = path.join(tmp, "slots");
+    const key = uniq("slots");
+    const stamp = (what: string) =>
+      `echo ${what} "$LEASE_NODE" "$LEASE_SLOT" "$LEASE_KEY" "$LEASE_EPOCH" $(($(date +%s%N) / 1000000)) >> ${file}`;
+    const cmd = ["sh", "-c", `${stamp("start")}; sleep 0.4; ${stamp("end")}`];
+    const runs4 = ["a", "b", "c", "d"].map((n) =>
+      start([...common(key, n), "-n", "2", "--", ...cmd])
+    );
+    await until(
+      () =>
+        fs.existsSync(file) && fs.readFileSync(file, "utf8").includes("start"),
+      10_000,
+      "a first command",
+    );
+    // Another limit: refused while slots of 2 are held, nothing run.
+    const other = start([
+      ...common(key, "x"),
+      "-n",
+      "3",
+      "--",
+      "sh",
+      "-c",
+      `echo ran >> ${file}`,
+    ]);
+    assert.equal(await other.exited, 76, other.err());
+    assert.match(other.err(), /limit 3/);
+    assert.match(other.err(), /limit 2/);
+    for (const r of runs4) assert.equal(await r.exited, 0, r.err());
+    const lines = fs.readFileSync(file, "utf8").trim().split("\n").map((l) =>
+      l.split(" ")
+    );
+    assert.ok(!lines.some((l) => l[0] === "ran"), "the -n 3 run ran");
+    assert.equal(lines.length, 8);
+    let now = 0;
+    let peak = 0;
+    for (const [what, , slot, slotKey, epoch] of lines) {
+      assert.ok(slot === "0" || slot === "1", `LEASE_SLOT ${slot}`);
+      assert.equal(slotKey, `${key}.n2.${slot}`);
+      assert.ok(Number(epoch) > 0);
+      now += what === "start" ? 1 : -1;
+      peak = Math.max(peak, now);
+    }
+    assert.equal(peak, 2);
+    const bad = lease([...common(key, "y"), "-n", "0", "--", "true"]);
+    assert.equal(await bad.exited, 64, bad.err());
+    assert.match(bad.err(), /-n needs a number of slots from 1/);
+  });
+
   test("kill -9 of lease: its watchdog stops the command's whole group, and the next command starts only after the TTL and the grace", async () => {
     const file = path.join(tmp, "k9");
     const key = uniq("k9");
@@ -799,7 +848,7 @@ describe("the lease command", () => {
     const here = path.dirname(CLI);
     const dir = fs.mkdtempSync(path.join(here, ".tmp-nowatchdog-"));
     try {
-      for (const f of ["cli.ts", "cli_cgroup.ts", "lease.ts"]) {
+      for (const f of ["cli.ts", "cli_cgroup.ts", "lease.ts", "semaphore.ts"]) {
         fs.copyFileSync(path.join(here, f), path.join(dir, f));
       }
       const key = uniq("nw");

@@ -44,6 +44,7 @@ const DENO_FLAGS: Record<string, string[]> = {
   "edge.ts": ["--allow-net", "--allow-env"],
   "worker.ts": ["--allow-net", "--allow-env", "--allow-read"],
   "fenced_store.ts": ["--allow-net", "--allow-env"],
+  "semaphore.ts": ["--allow-net", "--allow-env"],
   "demo.ts": ["--allow-all"],
 };
 
@@ -420,6 +421,34 @@ describe("examples against a real nats-server", () => {
       await fenced.waitFor(/^store {3}holds \["a1","b1"\]$/);
       assert.doesNotMatch(fenced.stdout, /should not happen/);
       await fenced.succeeded();
+    },
+  );
+
+  test(
+    `examples/semaphore.ts under ${self} (the runtime running this file): five builders, two slots, never more than two at once; another limit is refused; await using releases a slot`,
+    { timeout: TEST_TIMEOUT },
+    async () => {
+      const sem = start(self, "semaphore.ts", { SEM_NAME: unique("reports") });
+      const builds = [];
+      let from = 0;
+      for (let i = 0; i < 5; i++) {
+        const b = await sem.waitFor(
+          /^builder-(\d) builds in slot ([01]) \('(\S+)', epoch (\d+)\)$/,
+          from,
+        );
+        builds.push(b);
+        from = b.index + 1;
+      }
+      assert.equal(new Set(builds.map((b) => b.match[1])).size, 5);
+      for (const b of builds) {
+        assert.ok(b.match[3]!.endsWith(`.n2.${b.match[2]}`), b.match[0]);
+      }
+      await sem.waitFor(/^at most 2 builds ran at once$/);
+      await sem.waitFor(/^builder-1 refused: asked 3, the bucket records 2$/);
+      await sem.waitFor(/^builder-2 holds slot [01] for longer work$/);
+      await sem.waitFor(/^slots held after the block: 0$/);
+      assert.doesNotMatch(sem.stdout, /should not happen/);
+      await sem.succeeded();
     },
   );
 

@@ -1029,6 +1029,29 @@ export interface LeaseManager extends AsyncDisposable, EventTarget {
    */
   holder(key: string): Promise<Holder | null>;
   /**
+   * Reads who holds each key under `prefix` (the keys `prefix.<anything>`),
+   * for recipes that keep a family of leases (a semaphore's slots, a
+   * group's members) and for dashboards. Every entry is read from the
+   * stream leader, so a key this or another manager acquired before the
+   * call began is seen (as far as the server gives read-your-writes); keys
+   * released, deleted or expired are left out. Like
+   * {@linkcode LeaseManager.holder} it keeps no state and authorises
+   * nothing: by the time it resolves a holder may have changed.
+   *
+   * @param prefix A valid key; the keys listed are those below it.
+   * @returns Each held key under `prefix`, with its holder.
+   * @throws {UnavailableError} The server could not be reached.
+   * @throws {TypeError} The prefix is not a valid key or the manager is closed.
+   *
+   * @example List a family of leases
+   * ```ts ignore
+   * for (const [key, h] of await leases.holders("reports")) {
+   *   console.log(`${key} is held by ${h.node} under epoch ${h.epoch}`);
+   * }
+   * ```
+   */
+  holders(prefix: string): Promise<Map<string, Holder>>;
+  /**
    * Gives up the lease of `key`: waits for its in-flight writes to settle
    * (renewing meanwhile, at most `settleTimeout`), deletes our entry by
    * compare-and-delete on our own revision so a successor takes over at
@@ -1411,6 +1434,12 @@ export interface Port {
    * since: a stream edit, a server rolled back).
    */
   markerLife?(timeout: number): Promise<number>;
+  /**
+   * Optional: the subjects matching `filter` that have a message in the
+   * stream, as the stream leader reports them. Without it,
+   * {@linkcode LeaseManager.holders} rejects with a `TypeError`.
+   */
+  subjects?(filter: string, timeout: number): Promise<string[]>;
   /**
    * Optional: calls `fn` at each change of the connection, in order:
    * `"down"` when it is lost, `"same"` when it is back on the server
@@ -2296,6 +2325,45 @@ class Manager extends EventTarget implements LeaseManager {
     }
     if (!seen || seen.kind !== "put") return null;
     return { node: seen.node, epoch: seen.epoch };
+  }
+
+  async holders(prefix: string): Promise<Map<string, Holder>> {
+    checkKey("list holders", prefix);
+    this.#checkOpen("list holders", prefix);
+    const subjects = this.#port.subjects;
+    if (subjects === undefined) {
+      throw new TypeError(
+        `Cannot list holders under '${prefix}' as this port cannot list keys`,
+      );
+    }
+    const base = this.#subject(prefix);
+    const found = new Map<string, Holder>();
+    try {
+      let listed: string[];
+      try {
+        listed = await subjects(`${base}.>`, this.#timeout);
+      } catch (err) {
+        if (err instanceof BucketGone) this.#goDefunct(err.message);
+        throw err;
+      }
+      const seen = await Promise.all(
+        listed.map((s) => this.#read(s, undefined, true)),
+      );
+      seen.forEach((e, i) => {
+        if (e?.kind !== "put") return;
+        const key = listed[i]!.slice(base.length - prefix.length);
+        found.set(key, { node: e.node, epoch: e.epoch });
+      });
+    } catch (err) {
+      throw err instanceof UnavailableError ? err : new UnavailableError(
+        prefix,
+        `Cannot list holders under '${prefix}': ${
+          this.#defunct ?? errText(err)
+        }`,
+        { cause: err },
+      );
+    }
+    return new Map([...found].sort(([a], [b]) => a < b ? -1 : a > b ? 1 : 0));
   }
 
   /**
@@ -4006,6 +4074,24 @@ function natsPort(
     read,
     watch(subject, onEntry) {
       return watchSubject(nc, js, stream, subject, read, onEntry);
+    },
+    async subjects(filter, timeout) {
+      let si: StreamInfo;
+      try {
+        si = await within(
+          jsm.streams.info(stream, { subjects_filter: filter }),
+          timeout,
+          "stream info",
+        );
+      } catch (err) {
+        if (isStreamNotFound(err)) {
+          throw new BucketGone(
+            `the lease bucket's stream '${stream}' is gone`,
+          );
+        }
+        throw err;
+      }
+      return Object.keys(si.state.subjects ?? {});
     },
     markerLife(timeout) {
       // Without markers proven at start-up the manager never asks.

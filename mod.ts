@@ -58,3 +58,15 @@ export {
   UnavailableError,
   type WatchOptions,
 } from "./lease.ts";
+export {
+  type HeldSlot,
+  LimitMismatchError,
+  MAX_SEMAPHORE_LIMIT,
+  type Semaphore,
+  semaphore,
+  type SemaphoreAcquireOptions,
+  SemaphoreFullError,
+  type SemaphoreGuardOptions,
+  type SemaphoreOptions,
+  type SlotLease,
+} from "./semaphore.ts";
