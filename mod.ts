@@ -48,3 +48,13 @@ export {
   UnavailableError,
   type WatchOptions,
 } from "./lease.ts";
+export {
+  assignShards,
+  DEFAULT_MAX_MEMBERS,
+  MAX_SHARDS,
+  memberKey,
+  type ShardAssignment,
+  shardKey,
+  shards,
+  type ShardsOptions,
+} from "./shards.ts";
