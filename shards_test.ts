@@ -532,7 +532,14 @@ describe("shards on a real server", () => {
         child.exited,
         sleep(5000).then(() => "hung"),
       ]);
-      assert.equal(code, 0, `child exit: ${code}; ${child.stderr()}`);
+      // Deno's child_process reports a child sent SIGTERM as ended by it,
+      // even when it handled the signal and exited with status 0.
+      assert.ok(
+        code === 0 || ("Deno" in globalThis && code === "SIGTERM"),
+        `child exit: ${code}; ${child.stderr()}; ${
+          JSON.stringify(child.events.at(-1))
+        }`,
+      );
       const closed = child.events.find((e) => e.ev === "closed")!;
       assert.deepEqual(closed.released, []);
       await eventually(
@@ -657,8 +664,8 @@ function startChild(url: string, bucket: string, node: string) {
   });
   child.stderr!.setEncoding("utf8");
   child.stderr!.on("data", (d: string) => err += d);
-  const exited = new Promise<number | null>((r) =>
-    child.on("exit", (code) => r(code))
+  const exited = new Promise<number | string | null>((r) =>
+    child.on("exit", (code, signal) => r(code ?? signal))
   );
   return {
     child,

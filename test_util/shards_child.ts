@@ -37,7 +37,7 @@ const leases = await createLeaseManager({
   ttl: Number(env.LEASE_TTL),
 });
 const stop = new AbortController();
-process.once("SIGTERM", () => stop.abort());
+process.on("SIGTERM", () => stop.abort());
 say("ready");
 
 const writeMs = Number(env.SHARDS_WRITE_MS ?? 0);
