@@ -614,6 +614,89 @@ describe("shards on a real server", () => {
     assert.equal(await two.holder(memberKey("jobs", 0)), null);
     assert.equal(await two.holder(shardKey("jobs", 0)), null);
   });
+
+  test("lease shards GROUP --count N prints the members and each shard's owner, as text and --json; bad input exits 64 before connecting", async () => {
+    const bucket = uniq("shl");
+    const a = await member("a", bucket, "jobs", undefined);
+    const b = await member("b", bucket, "jobs", undefined);
+    try {
+      await eventually(() => balanced([a, b]), 10 * TTL, "balance");
+      const text = await cli([
+        "shards",
+        "jobs",
+        "--count",
+        String(COUNT),
+        "--bucket",
+        bucket,
+      ]);
+      assert.equal(text.code, 0, text.err);
+      const lines = text.out.trim().split("\n");
+      assert.equal(lines[0], "members (2): a b");
+      assert.equal(lines.length, 1 + COUNT);
+      for (let i = 0; i < COUNT; i++) {
+        const owner = a.latest()!.owned.has(i) ? a : b;
+        const l = owner.latest()!.owned.get(i)!;
+        assert.equal(
+          lines[1 + i],
+          `shard ${i}: ${owner.node} epoch ${l.epoch}`,
+        );
+      }
+      const json = await cli([
+        "shards",
+        "jobs",
+        "--count=4",
+        "--bucket",
+        bucket,
+        "--json",
+      ]);
+      assert.equal(json.code, 0, json.err);
+      const v = JSON.parse(json.out);
+      assert.deepEqual(v.members, ["a", "b"]);
+      assert.equal(v.shards.length, 4);
+      assert.deepEqual(Object.keys(v.shards[0]), ["shard", "holder", "target"]);
+      for (
+        const bad of [["shards", "jobs"], ["shards", "jobs", "--count", "0"], [
+          "shards",
+          "bad group",
+          "--count",
+          "4",
+        ], ["shards", "jobs", "--count", "x"]]
+      ) {
+        const r = await cli([...bad, "--servers", "127.0.0.1:1"]);
+        assert.ok(
+          r.code === 64 || r.code === 65,
+          `${bad.join(" ")}: ${r.code} ${r.err}`,
+        );
+      }
+    } finally {
+      a.stop.abort();
+      b.stop.abort();
+      await Promise.all([a.done, b.done]);
+    }
+  });
+
+  /** Runs `lease ARGS` (cli.ts) under this test's runtime, to its end. */
+  function cli(
+    args: string[],
+  ): Promise<{ code: number | null; out: string; err: string }> {
+    const cliPath = fileURLToPath(new URL("./cli.ts", import.meta.url));
+    const pre = "Deno" in globalThis ? ["run", "-A", cliPath] : [cliPath];
+    const env: Record<string, string | undefined> = {
+      ...process.env,
+      NATS_URL: ns.url,
+    };
+    delete env.NODE_TEST_CONTEXT;
+    const child = spawn(process.execPath, [...pre, ...args], {
+      env,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let out = "", err = "";
+    child.stdout!.setEncoding("utf8").on("data", (d: string) => out += d);
+    child.stderr!.setEncoding("utf8").on("data", (d: string) => err += d);
+    return new Promise((r) =>
+      child.on("exit", (code) => r({ code, out, err }))
+    );
+  }
 });
 
 // ---------------------------------------------------------------------------
