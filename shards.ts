@@ -5,7 +5,7 @@
  *
  * ## Why a free function
  * {@linkcode shards} is written only against the public
- * {@linkcode LeaseManager} interface (`held`, `campaign`, `watch`,
+ * {@linkcode LeaseManager} interface (`guard`, `held`, `watch`,
  * `release`), so it adds no protocol: every shard is a lease, and what the
  * safety argument of `lease.ts` says of a lease holds for each shard. Taking
  * the manager as an argument rather than adding a method keeps `lease.ts`
@@ -23,7 +23,7 @@
  * ## Balance and stickiness
  * The target owner of each shard is {@linkcode assignShards} of the member
  * set: rendezvous hashing with a balancing pass, a deterministic function
- * that every member computes alike. A member campaigns for the shards it is
+ * that every member computes alike. A member waits for and holds the shards it is
  * the target of and releases the others; a join or leave moves only about
  * `count / members` shards, and shards that do not move are never released.
  *
@@ -254,15 +254,19 @@ const groupsInUse = new WeakMap<LeaseManager, Set<string>>();
  *   member that crashes drops out when its slot's entry expires (the TTL);
  *   one that leaves (`break`, a throw out of the loop, `signal`, or the
  *   manager's `close()`) releases its shards and its slot at once.
- * - **Ownership.** The member campaigns (as
- *   {@linkcode LeaseManager.campaign}) for each shard that
- *   {@linkcode assignShards} gives it for the members seen, and stops
- *   campaigning for, and releases, each shard it no longer gets. A shard it
- *   keeps is never released. A released shard's lease signal aborts before
- *   its delete is sent, so before any other member can take it; the next
- *   owner takes it within milliseconds of the release. A crashed owner's
- *   shards are taken after its entries expire and the failover grace (a
- *   TTL) runs.
+ * - **Ownership.** The member waits for and holds each shard that
+ *   {@linkcode assignShards} gives it for the members seen (a guard with
+ *   `wait: true` whose write lasts the tenure, so the key is renewed in the
+ *   background and never idle-released), and releases each shard it no
+ *   longer gets. A shard it keeps is never released. A shard's lease
+ *   signal aborts as soon as the shard is to move, and its key is released
+ *   once the writes on it settled, so before any other member can take it;
+ *   the next owner takes it within milliseconds of the release. A leaving
+ *   member releases its shards before its slot, so the others find them
+ *   free when they learn it left. A crashed owner's shards are taken after
+ *   its entries expire and the failover grace (a TTL) runs. A tenure lost
+ *   (the server unreachable past the TTL) ends that shard's lease; the
+ *   member then waits for the shard again, under a new epoch.
  * - **Writes.** Write to shard `i` with
  *   `leases.guard(lease.key, write, { signal: lease.signal })`, `lease`
  *   being `owned.get(i)`: the guard then refuses once the shard moved
@@ -306,7 +310,7 @@ export function shards(
   const verb = `follow the shards of '${group}'`;
   if (
     typeof leases !== "object" || leases === null ||
-    typeof leases.campaign !== "function" ||
+    typeof leases.guard !== "function" ||
     typeof leases.watch !== "function" ||
     typeof leases.held !== "function" ||
     typeof leases.release !== "function"
@@ -374,10 +378,10 @@ async function* follow(
   }
 }
 
-/** One shard this member campaigns for. */
+/** One key this member holds or waits for (a shard, its slot). */
 interface Campaign {
   readonly stop: AbortController;
-  /** Resolves when the campaign ended and the key was released. */
+  /** Resolves when the hold ended and the key was released. */
   readonly done: Promise<void>;
 }
 
@@ -388,7 +392,7 @@ class Member {
   readonly #count: number;
   readonly #slots: number;
   readonly #signal: AbortSignal | undefined;
-  /** Aborted when the member leaves: ends the watches and campaigns. */
+  /** Aborted when the member leaves: ends the watches and shard holds. */
   readonly #stop = new AbortController();
   /** What each slot's watch last said; `undefined` until its first answer. */
   readonly #holders: (Holder | null | undefined)[];
@@ -400,16 +404,16 @@ class Member {
   /** Our view is complete and we joined, or found every slot taken. */
   #settled = false;
   #slotCampaign: Campaign | undefined;
-  /** A stopped slot campaign, until its release is done. */
+  /** A stopped slot hold, until its release is done. */
   #slotStopping: Promise<void> = Promise.resolve();
-  /** Stopped shard campaigns, until their releases are done. */
+  /** Stopped shard holds, until their releases are done. */
   readonly #stopping = new Map<number, Promise<void>>();
   readonly #campaigns = new Map<number, Campaign>();
   readonly #owned = new Map<number, Lease>();
   #members: readonly string[] = [];
   #targetOf = "";
   #target = new Set<number>();
-  /** Tasks to wait for on leaving (watches, campaigns being stopped). */
+  /** Tasks to wait for on leaving (watches, holds being stopped). */
   readonly #tasks = new Set<Promise<void>>();
   #wake: (() => void) | undefined;
   #dirty = false;
@@ -465,11 +469,12 @@ class Member {
     this.#end();
   }
 
-  /** Ends the iteration; `leave()` (from the generator) cleans up. */
+  /** Ends the iteration and starts leaving at once (see `leave`). */
   #end(): void {
     this.#ended = true;
     this.#stop.abort();
     this.#changed();
+    void this.leave();
   }
 
   #changed(): void {
@@ -535,9 +540,9 @@ class Member {
         this.#slot = s;
         this.#seenInSlot = this.#holders[s]?.node === this.#leases.node;
         if (this.#seenInSlot) this.#settled = true;
-        // The campaign keeps the slot renewed (and out of `idleRelease`)
-        // and releases it when stopped.
-        this.#slotCampaign = this.#campaign(key, () => {});
+        // The hold keeps the slot renewed (and out of `idleRelease`) and
+        // releases it when stopped.
+        this.#slotCampaign = this.#hold(key, () => {}, undefined, false);
         this.#reconcile();
         return;
       }
@@ -552,30 +557,59 @@ class Member {
   }
 
   /**
-   * Campaigns for `key` until stopped; `onLease` gets each tenure's lease.
-   * Stopping aborts the lease's signal at once and releases the key.
+   * Holds `key` until stopped: a guard that waits for the key (`wait:
+   * true`), whose write lasts the whole tenure. `onLease` gets each
+   * tenure's lease; its signal follows the guard's, so stopping aborts it
+   * at once, then the write ends and the key is released. A tenure lost
+   * (the lease not renewed in time, taken over) ends the write too, and the
+   * guard waits for the key again.
+   *
+   * Not a campaign: a campaign keeps a watch of its key (a consumer on the
+   * server) for as long as it runs, and opening hundreds of them at once
+   * queues the server's other requests, the acquisitions' among them, behind
+   * their creation. A waiting guard opens a watch only while another node
+   * holds the key, and closes it once it got the key. A running write also
+   * keeps the key out of `idleRelease`.
    */
-  #campaign(
+  #hold(
     key: string,
     onLease: (lease: Lease) => void,
     after?: Promise<void>,
+    withMember = true,
   ): Campaign {
     const stop = new AbortController();
-    const signal = AbortSignal.any([stop.signal, this.#stop.signal]);
+    // The slot outlives the member's stop: leaving releases the shards
+    // first, then the slot (see `leave`).
+    const signal = withMember
+      ? AbortSignal.any([stop.signal, this.#stop.signal])
+      : stop.signal;
     const done = (async () => {
-      // A campaign of the same key being stopped releases it first: its
-      // release must not end this campaign's tenure.
+      // A hold of the same key being stopped releases it first: its
+      // release must not end this hold's tenure.
       if (after) await after;
-      if (signal.aborted) return;
       try {
-        for await (const lease of this.#leases.campaign(key, { signal })) {
-          onLease(lease);
+        while (!signal.aborted) {
+          await this.#leases.guard(
+            key,
+            (lease) =>
+              new Promise<void>((resolve) => {
+                onLease(lease);
+                if (lease.signal.aborted) return resolve();
+                lease.signal.addEventListener("abort", () => resolve(), {
+                  once: true,
+                });
+              }),
+            { wait: true, signal },
+          );
         }
       } catch (err) {
-        if (!signal.aborted) this.#fail(err);
+        if (signal.aborted) return;
+        // A closed manager: the member ends, as the slots' watches do.
+        if (err instanceof TypeError) this.#end();
+        else this.#fail(err);
       } finally {
-        // A campaign stopped before it yielded (the grace of a fresh key
-        // on an old server) has not released the key itself.
+        // Released only once the tenure's write ended (its signal aborted),
+        // so no write of ours runs when a successor can see the key free.
         await this.#leases.release(key).catch(() => {});
       }
     })();
@@ -624,7 +658,7 @@ class Member {
 
   #startShard(shard: number): void {
     const key = shardKey(this.#group, shard);
-    const c = this.#campaign(key, (lease) => {
+    const c = this.#hold(key, (lease) => {
       if (this.#campaigns.get(shard) !== c || lease.signal.aborted) return;
       this.#owned.set(shard, lease);
       lease.signal.addEventListener("abort", () => {
@@ -674,21 +708,34 @@ class Member {
   }
 
   /**
-   * Leaves the group: stops every watch and campaign (each shard's lease
-   * signal aborts at once), releases the shards and the slot, all at once,
-   * and resolves when nothing of this iteration runs any more.
+   * Leaves the group: stops every watch and shard hold (each shard's
+   * lease signal aborts at once) and releases the shards, then the slot,
+   * and resolves when nothing of this iteration runs any more. Shards go
+   * first so that the others, who take them when they see the slot free,
+   * find them free already: one compare-and-set each, instead of waiting
+   * on a watch they would first have to open.
    */
   leave(): Promise<void> {
-    this.#leaving ??= (async () => {
+    if (this.#leaving) return this.#leaving;
+    let done!: () => void;
+    this.#leaving = new Promise<void>((r) => done = r);
+    void (async () => {
       this.#end();
       this.#signal?.removeEventListener("abort", this.#onAbort);
+      const slot = this.#slotCampaign;
+      for (;;) {
+        const shardTasks = [...this.#tasks].filter((t) => t !== slot?.done);
+        if (shardTasks.length === 0) break;
+        await Promise.all(shardTasks);
+      }
+      slot?.stop.abort();
       while (this.#tasks.size > 0) await Promise.all([...this.#tasks]);
       if (this.#slot !== undefined) {
         await this.#leases.release(memberKey(this.#group, this.#slot))
           .catch(() => {});
       }
       if (this.#registered) groupsInUse.get(this.#leases)?.delete(this.#group);
-    })();
+    })().finally(done);
     return this.#leaving;
   }
 }

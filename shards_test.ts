@@ -147,7 +147,7 @@ describe("assignShards", () => {
     shards(fake, "g", { count: 4 }); // valid: returns without calling
     assert.ok(
       touched.every((p) =>
-        ["campaign", "watch", "held", "release"].includes(p)
+        ["guard", "watch", "held", "release"].includes(p)
       ),
     );
   });
