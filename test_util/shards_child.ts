@@ -4,6 +4,7 @@
 //   {"ev":"ready"}                                    connected, manager open
 //   {"ev":"assign","t":..,"owned":{"3":17,..},"added":[..],"removed":[..],"members":[..]}
 //   {"ev":"w","w":[[shard,epoch,start,end],..]}       writes since the last line
+//   {"ev":"leaving"}                                  SIGTERM received: leaving now
 //   {"ev":"closed","released":[..],"unreleased":[..]} after SIGTERM: left and closed
 // Times are wall-clock milliseconds with a fraction (performance.timeOrigin
 // + performance.now()), shared by the processes of one machine.
@@ -37,7 +38,10 @@ const leases = await createLeaseManager({
   ttl: Number(env.LEASE_TTL),
 });
 const stop = new AbortController();
-process.on("SIGTERM", () => stop.abort());
+process.on("SIGTERM", () => {
+  say("leaving");
+  stop.abort();
+});
 say("ready");
 
 const writeMs = Number(env.SHARDS_WRITE_MS ?? 0);
