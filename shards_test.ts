@@ -146,9 +146,7 @@ describe("assignShards", () => {
     // Only the method checks read properties; nothing was called.
     shards(fake, "g", { count: 4 }); // valid: returns without calling
     assert.ok(
-      touched.every((p) =>
-        ["guard", "watch", "held", "release"].includes(p)
-      ),
+      touched.every((p) => ["guard", "watch", "held", "release"].includes(p)),
     );
   });
 });
