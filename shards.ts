@@ -32,16 +32,43 @@
 
 import type { Holder, Lease, LeaseManager } from "./lease.ts";
 
-/** Default of {@linkcode ShardsOptions.maxMembers}. */
+/**
+ * Default of {@linkcode ShardsOptions.maxMembers}: how many members a group
+ * can have at once.
+ *
+ * @example Room for more workers
+ * ```ts ignore
+ * shards(leases, "orders", { count: 256, maxMembers: 2 * DEFAULT_MAX_MEMBERS });
+ * ```
+ */
 export const DEFAULT_MAX_MEMBERS = 16;
-/** The largest {@linkcode ShardsOptions.count}. */
+/**
+ * The largest {@linkcode ShardsOptions.count}. Each member computes
+ * {@linkcode assignShards} on every change of members, in time that grows
+ * with shards times members.
+ *
+ * @example Check a configured count
+ * ```ts ignore
+ * if (count > MAX_SHARDS) throw new RangeError(`at most ${MAX_SHARDS} shards`);
+ * ```
+ */
 export const MAX_SHARDS = 4096;
 /** The largest {@linkcode ShardsOptions.maxMembers}. */
 const MAX_MEMBER_SLOTS = 256;
 
 const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
 
-/** Options of {@linkcode shards}. */
+/**
+ * Options of {@linkcode shards}.
+ *
+ * @example 32 shards, until Ctrl-C
+ * ```ts ignore
+ * const stop = new AbortController();
+ * process.once("SIGINT", () => stop.abort());
+ * const options: ShardsOptions = { count: 32, signal: stop.signal };
+ * for await (const a of shards(leases, "orders", options)) console.log(a.added);
+ * ```
+ */
 export interface ShardsOptions {
   /**
    * How many shards the group has: shards are numbered `0..count-1`. Every
@@ -66,7 +93,18 @@ export interface ShardsOptions {
   maxMembers?: number;
 }
 
-/** One assignment yielded by {@linkcode shards}: what this member owns now. */
+/**
+ * One assignment yielded by {@linkcode shards}: what this member owns now.
+ *
+ * @example Start and stop a worker per shard
+ * ```ts ignore
+ * for await (const a of shards(leases, "orders", { count: 32, signal })) {
+ *   for (const i of a.removed) workers.get(i)?.stop();
+ *   for (const i of a.added) workers.set(i, startWorker(i, a.owned.get(i)!));
+ *   console.log(`${a.owned.size} shards, members: ${a.members.join(" ")}`);
+ * }
+ * ```
+ */
 export interface ShardAssignment {
   /**
    * The shards this member owns, each with its lease (key
@@ -89,10 +127,10 @@ export interface ShardAssignment {
  * @param shard The shard number.
  * @returns The key, `<group>.shards.<shard>`.
  *
- * @example
- * ```ts
- * import { shardKey } from "./shards.ts";
- * console.log(shardKey("orders", 3)); // "orders.shards.3"
+ * @example Who holds shard 3
+ * ```ts ignore
+ * import { shardKey } from "@nats-lease/lease";
+ * console.log(await leases.holder(shardKey("orders", 3))); // key "orders.shards.3"
  * ```
  */
 export function shardKey(group: string, shard: number): string {
@@ -106,9 +144,9 @@ export function shardKey(group: string, shard: number): string {
  * @param slot The slot number.
  * @returns The key, `<group>.members.<slot>`.
  *
- * @example
- * ```ts
- * import { memberKey } from "./shards.ts";
+ * @example The first slot
+ * ```ts ignore
+ * import { memberKey } from "@nats-lease/lease";
  * console.log(memberKey("orders", 0)); // "orders.members.0"
  * ```
  */
@@ -176,8 +214,8 @@ function score(member: string, shard: number): number {
  * @throws {RangeError} `count` is not a whole number from 1 to {@linkcode MAX_SHARDS}.
  *
  * @example Who should own shard 7
- * ```ts
- * import { assignShards } from "./shards.ts";
+ * ```ts ignore
+ * import { assignShards } from "@nats-lease/lease";
  * const targets = assignShards(16, ["node-a", "node-b", "node-c"]);
  * const owner = [...targets].find(([, s]) => s.includes(7))?.[0];
  * console.log(owner, targets.get("node-a")!.length); // 5 or 6 shards each
