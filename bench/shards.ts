@@ -55,6 +55,7 @@ interface Ev {
   ev: string;
   t: number;
   owned?: Record<string, number>;
+  members?: string[];
   w?: [number, number, number, number][];
 }
 
@@ -294,6 +295,21 @@ try {
     );
     const owned = lastAssign(rest);
     const fromKill = ownedAgainAt(theirs, rest, t0);
+    // Per survivor: when it saw the killed worker leave the members, and
+    // when it owned the last of its share of the killed worker's shards.
+    const bySurvivor = Object.fromEntries(rest.map((w) => {
+      const assigns = w.events.filter((e) => e.ev === "assign" && e.t >= t0);
+      const left = assigns.find((e) => !e.members?.includes(victim.name));
+      const mine = theirs.filter((s) => w.owned().has(s));
+      const got = mine.map((s) =>
+        assigns.find((e) => e.owned?.[s] !== undefined)?.t ?? NaN
+      );
+      return [w.name, {
+        sawLeave: left ? left.t - t0 : null,
+        shards: mine.length,
+        last: Math.max(...got) - t0,
+      }];
+    }));
     await until(() => balanced(rest), 10 * TTL, "balance after the kill");
     await sleep(1500);
     const g = gaps(t0, now(), before, ownership(rest));
@@ -302,6 +318,7 @@ try {
       ms: owned - t0,
       bound: 2 * TTL,
       fromKill,
+      bySurvivor,
       shards: theirs.length,
       sizes: rest.map((x) => x.owned().size).join("/"),
       gap: g,
