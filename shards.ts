@@ -55,6 +55,8 @@ export const DEFAULT_MAX_MEMBERS = 16;
 export const MAX_SHARDS = 4096;
 /** The largest {@linkcode ShardsOptions.maxMembers}. */
 const MAX_MEMBER_SLOTS = 256;
+/** The most (shard, member) pairs {@linkcode assignShards} ranks. */
+const MAX_PAIRS = MAX_SHARDS * MAX_MEMBER_SLOTS;
 
 const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
 
@@ -211,7 +213,7 @@ function score(member: string, shard: number): number {
  * @param members The members' node ids.
  * @returns Each member's shards, in ascending order (every member has an entry, possibly empty).
  * @throws {TypeError} `count` is not a number, or `members` is not an array of non-empty strings.
- * @throws {RangeError} `count` is not a whole number from 1 to {@linkcode MAX_SHARDS}.
+ * @throws {RangeError} `count` is not a whole number from 1 to {@linkcode MAX_SHARDS}, or `count` times the number of distinct members exceeds 1,048,576 ({@linkcode MAX_SHARDS} × 256).
  *
  * @example Who should own shard 7
  * ```ts ignore
@@ -241,30 +243,32 @@ export function assignShards(
   const ms = [...new Set(members)].sort();
   const out = new Map<string, number[]>(ms.map((m) => [m, []]));
   const n = ms.length;
+  if (count * n > MAX_PAIRS) {
+    throw new RangeError(
+      `Cannot assign shards as 'count' times the number of members must be at most ${MAX_PAIRS}: received ${count} × ${n}`,
+    );
+  }
   if (n === 0) return out;
   const q = Math.floor(count / n);
   const r = count % n;
-  // Scores in a typed array, pairs sorted by index: (score desc, member
-  // name asc, shard asc), ties broken the same way everywhere.
-  const scores = new Float64Array(count * n);
-  const order = new Uint32Array(count * n);
+  // Each pair as one exact float64: (2^32 - 1 - score) * 2^20 + pair index,
+  // so a plain numeric sort orders the pairs by score (highest first), ties
+  // by shard, then member (names sorted). count * n <= 2^20 (MAX_SHARDS
+  // shards, 256 members), so the sum stays below 2^53.
+  const pairs = new Float64Array(count * n);
   for (let s = 0; s < count; s++) {
     for (let m = 0; m < n; m++) {
-      scores[s * n + m] = score(ms[m]!, s);
-      order[s * n + m] = s * n + m;
+      const p = s * n + m;
+      pairs[p] = (0xffffffff - score(ms[m]!, s)) * 0x100000 + p;
     }
   }
-  order.sort((a, b) => {
-    const d = scores[b]! - scores[a]!;
-    if (d !== 0) return d;
-    const ma = a % n, mb = b % n;
-    return ma !== mb ? ma - mb : a - b;
-  });
+  pairs.sort();
   const load = new Array<number>(n).fill(0);
   const owner = new Int32Array(count).fill(-1);
   let atCeil = 0;
   let left = count;
-  for (const p of order) {
+  for (const key of pairs) {
+    const p = key % 0x100000;
     const s = Math.floor(p / n), m = p % n;
     if (owner[s] !== -1) continue;
     const l = load[m]!;

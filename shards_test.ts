@@ -107,6 +107,10 @@ describe("assignShards", () => {
       TypeError,
     );
     assert.deepEqual(assignShards(4, []), new Map());
+    assert.throws(
+      () => assignShards(4096, Array.from({ length: 257 }, (_, i) => `n${i}`)),
+      RangeError,
+    );
   });
 
   test("shards() rejects bad input before it sends anything", () => {
