@@ -30,7 +30,12 @@
  * @module
  */
 
-import type { Holder, Lease, LeaseManager } from "./lease.ts";
+import {
+  type Holder,
+  type Lease,
+  type LeaseManager,
+  UnavailableError,
+} from "./lease.ts";
 
 /**
  * Default of {@linkcode ShardsOptions.maxMembers}: how many members a group
@@ -421,7 +426,7 @@ async function* follow(
 }
 
 /** One key this member holds or waits for (a shard, its slot). */
-interface Campaign {
+interface Hold {
   readonly stop: AbortController;
   /** Resolves when the hold ended and the key was released. */
   readonly done: Promise<void>;
@@ -445,12 +450,12 @@ class Member {
   #joining = false;
   /** Our view is complete and we joined, or found every slot taken. */
   #settled = false;
-  #slotCampaign: Campaign | undefined;
+  #slotHold: Hold | undefined;
   /** A stopped slot hold, until its release is done. */
   #slotStopping: Promise<void> = Promise.resolve();
   /** Stopped shard holds, until their releases are done. */
   readonly #stopping = new Map<number, Promise<void>>();
-  readonly #campaigns = new Map<number, Campaign>();
+  readonly #holds = new Map<number, Hold>();
   readonly #owned = new Map<number, Lease>();
   #members: readonly string[] = [];
   #targetOf = "";
@@ -464,6 +469,7 @@ class Member {
   #leaving: Promise<void> | undefined;
   #last: { owned: Map<number, Lease>; members: readonly string[] } | undefined;
   #registered = false;
+  #retry: ReturnType<typeof setTimeout> | undefined;
   readonly #onAbort = () => this.#end();
 
   constructor(
@@ -514,6 +520,7 @@ class Member {
   /** Ends the iteration and starts leaving at once (see `leave`). */
   #end(): void {
     this.#ended = true;
+    clearTimeout(this.#retry);
     this.#stop.abort();
     this.#changed();
     void this.leave();
@@ -551,10 +558,10 @@ class Member {
 
   /** Our slot shows another holder or none: take a slot again. */
   #lostSlot(): void {
-    const c = this.#slotCampaign;
+    const c = this.#slotHold;
     this.#slot = undefined;
     this.#seenInSlot = false;
-    this.#slotCampaign = undefined;
+    this.#slotHold = undefined;
     if (c) {
       c.stop.abort();
       this.#slotStopping = c.done;
@@ -584,14 +591,19 @@ class Member {
         if (this.#seenInSlot) this.#settled = true;
         // The hold keeps the slot renewed (and out of `idleRelease`) and
         // releases it when stopped.
-        this.#slotCampaign = this.#hold(key, () => {}, undefined, false);
+        this.#slotHold = this.#hold(key, () => {}, undefined, false);
         this.#reconcile();
         return;
       }
       // Every slot taken: a standby. A slot's watch reports when one frees.
       this.#settled = true;
     } catch (err) {
-      if (!this.#stop.signal.aborted) this.#fail(err);
+      if (this.#stop.signal.aborted) return;
+      if (!(err instanceof UnavailableError)) return this.#fail(err);
+      // The server did not answer: try again a third of a TTL later (a
+      // slot's watch may have no news to wake us with).
+      clearTimeout(this.#retry);
+      this.#retry = setTimeout(() => this.#reconcile(), this.#leases.ttl / 3);
     } finally {
       this.#joining = false;
       this.#changed();
@@ -618,7 +630,7 @@ class Member {
     onLease: (lease: Lease) => void,
     after?: Promise<void>,
     withMember = true,
-  ): Campaign {
+  ): Hold {
     const stop = new AbortController();
     // The slot outlives the member's stop: leaving releases the shards
     // first, then the slot (see `leave`).
@@ -659,7 +671,7 @@ class Member {
     return { stop, done };
   }
 
-  /** Campaigns for the shards targeted at us, stops the others. */
+  /** Holds the shards targeted at us and releases the others. */
   #reconcile(): void {
     if (this.#ended) return;
     if (this.#heard < this.#slots) return;
@@ -683,9 +695,9 @@ class Member {
         mine ? assignShards(this.#count, members).get(this.#leases.node) : [],
       );
     }
-    for (const [shard, c] of this.#campaigns) {
+    for (const [shard, c] of this.#holds) {
       if (this.#target.has(shard)) continue;
-      this.#campaigns.delete(shard);
+      this.#holds.delete(shard);
       c.stop.abort();
       const done = c.done.finally(() => {
         if (this.#stopping.get(shard) === done) this.#stopping.delete(shard);
@@ -693,7 +705,7 @@ class Member {
       this.#stopping.set(shard, done);
     }
     for (const shard of this.#target) {
-      if (!this.#campaigns.has(shard)) this.#startShard(shard);
+      if (!this.#holds.has(shard)) this.#startShard(shard);
     }
     this.#changed();
   }
@@ -701,7 +713,7 @@ class Member {
   #startShard(shard: number): void {
     const key = shardKey(this.#group, shard);
     const c = this.#hold(key, (lease) => {
-      if (this.#campaigns.get(shard) !== c || lease.signal.aborted) return;
+      if (this.#holds.get(shard) !== c || lease.signal.aborted) return;
       this.#owned.set(shard, lease);
       lease.signal.addEventListener("abort", () => {
         if (this.#owned.get(shard) === lease) this.#owned.delete(shard);
@@ -709,7 +721,7 @@ class Member {
       }, { once: true });
       this.#changed();
     }, this.#stopping.get(shard));
-    this.#campaigns.set(shard, c);
+    this.#holds.set(shard, c);
   }
 
   /** The next assignment to yield, or `null` once the iteration ended. */
@@ -764,7 +776,7 @@ class Member {
     void (async () => {
       this.#end();
       this.#signal?.removeEventListener("abort", this.#onAbort);
-      const slot = this.#slotCampaign;
+      const slot = this.#slotHold;
       for (;;) {
         const shardTasks = [...this.#tasks].filter((t) => t !== slot?.done);
         if (shardTasks.length === 0) break;
