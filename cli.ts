@@ -6,6 +6,7 @@
  * deno run -A cli.ts run nightly-report -- ./report.sh   # from a clone
  * bun cli.ts holder nightly-report --json
  * node cli.ts watch nightly-report
+ * node cli.ts shards orders --count 32
  * ```
  *
  * Exit status of `lease run`: the command's own (128 + the signal number
@@ -44,6 +45,13 @@ import {
   MAX_SEMAPHORE_LIMIT,
   semaphore,
 } from "./semaphore.ts";
+import {
+  assignShards,
+  DEFAULT_MAX_MEMBERS,
+  MAX_SHARDS,
+  memberKey,
+  shardKey,
+} from "./shards.ts";
 
 /**
  * The exit statuses of `lease` itself (BSD sysexits where one fits).
@@ -100,8 +108,8 @@ export const EXIT: {
 /** How long `lease release` keeps trying while the holder keeps renewing. */
 const RELEASE_BOUND_MS = 5_000;
 
-type Sub = "run" | "holder" | "watch" | "release";
-const SUBS: readonly Sub[] = ["run", "holder", "watch", "release"];
+type Sub = "run" | "holder" | "watch" | "release" | "shards";
+const SUBS: readonly Sub[] = ["run", "holder", "watch", "release", "shards"];
 
 function isSub(word: string | undefined): word is Sub {
   return (SUBS as readonly (string | undefined)[]).includes(word);
@@ -192,6 +200,25 @@ const OPTIONS: readonly Opt[] = [
     text: 'print {"key":..,"holder":{"node":..,"epoch":..}|null} lines',
   },
   {
+    flag: "--count",
+    arg: "N",
+    subs: ["shards"],
+    required: true,
+    text: `the group's shard count (1-${MAX_SHARDS})`,
+  },
+  {
+    flag: "--max-members",
+    arg: "N",
+    subs: ["shards"],
+    text: `the group's membership slots (default ${DEFAULT_MAX_MEMBERS})`,
+  },
+  {
+    flag: "--json",
+    subs: ["shards"],
+    text: 'print {"group":..,"members":[..],"shards":[{"shard":..,\n' +
+      '"holder":{"node":..,"epoch":..}|null,"target":..},..]}',
+  },
+  {
     flag: "--help",
     short: "-h",
     subs: SUBS,
@@ -247,6 +274,14 @@ a hint that a lagging replica may serve late.`,
       `Prints the holder of KEY, then a line for every change (new holder, release,
 expiry), until interrupted.`,
   },
+  shards: {
+    summary: "print the members and each shard's owner",
+    about:
+      `Prints the members of shard group GROUP (the holders of its membership
+slots), then each shard's owner and epoch ("none" when nobody holds it) and,
+when it differs, the member the shard is moving to (its target for the
+members seen). Reads: hints that a lagging replica may serve late.`,
+  },
   release: {
     summary: "evict ID's stuck lease on KEY",
     about:
@@ -291,7 +326,7 @@ function synopsis(sub: Sub, brief: boolean): string {
   return [
     "lease",
     sub,
-    "KEY",
+    sub === "shards" ? "GROUP" : "KEY",
     ...opts.filter((o) => o.required).map(optionWords),
     ...(brief && optional.length > 1
       ? ["[options]"]
@@ -372,6 +407,8 @@ async function dial(a: Args): Promise<NatsConnection> {
 }
 
 interface Args {
+  count: number;
+  maxMembers: number;
   sub: string;
   key: string;
   servers: string[];
@@ -417,6 +454,8 @@ function parse(argv: string[]): Args {
   const own = dash < 0 ? argv : argv.slice(0, dash);
   const command = dash < 0 ? [] : argv.slice(dash + 1);
   const a: Args = {
+    count: 0,
+    maxMembers: DEFAULT_MAX_MEMBERS,
     sub: "",
     key: "",
     servers: (process.env.NATS_URL || "127.0.0.1:4222").split(","),
@@ -506,6 +545,22 @@ function parse(argv: string[]): Args {
             }`,
           );
         }
+        break;
+      }
+      case "--count":
+      case "--max-members": {
+        const v = value();
+        const n = Number(v);
+        const max = flag === "--count" ? MAX_SHARDS : 256;
+        if (!/^\d+$/.test(v) || n < 1 || n > max) {
+          throw fail(
+            `${flag} needs a whole number from 1 to ${max}: received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        if (flag === "--count") a.count = n;
+        else a.maxMembers = n;
         break;
       }
       case "--lost-status": {
@@ -1186,6 +1241,65 @@ async function watch(a: Args): Promise<number> {
   }
 }
 
+/** `lease shards`: the members, then each shard's holder and target. */
+async function shardsView(a: Args): Promise<number> {
+  const { nc, leases } = await open(a, {
+    createBucket: false,
+    node: `lease-cli-${process.pid}`,
+  });
+  try {
+    const slots = await Promise.all(
+      Array.from(
+        { length: a.maxMembers },
+        (_, i) => leases.holder(memberKey(a.key, i)),
+      ),
+    );
+    const members = [
+      ...new Set(slots.flatMap((h) => h ? [h.node] : [])),
+    ].sort();
+    const holders = await Promise.all(
+      Array.from(
+        { length: a.count },
+        (_, i) => leases.holder(shardKey(a.key, i)),
+      ),
+    );
+    const target = new Map<number, string>();
+    for (const [m, ss] of assignShards(a.count, members)) {
+      for (const s of ss) target.set(s, m);
+    }
+    if (a.json) {
+      process.stdout.write(
+        JSON.stringify({
+          group: a.key,
+          members,
+          shards: holders.map((h, i) => ({
+            shard: i,
+            holder: h,
+            target: target.get(i) ?? null,
+          })),
+        }) + "\n",
+      );
+      return 0;
+    }
+    const lines = [
+      `members (${members.length}): ${members.join(" ") || "none"}`,
+    ];
+    holders.forEach((h, i) => {
+      const to = target.get(i);
+      lines.push(
+        `shard ${i}: ${h === null ? "none" : `${h.node} epoch ${h.epoch}`}${
+          to !== undefined && to !== h?.node ? ` (moving to ${to})` : ""
+        }`,
+      );
+    });
+    process.stdout.write(lines.join("\n") + "\n");
+    return 0;
+  } finally {
+    await leases.close();
+    await nc.close();
+  }
+}
+
 async function release(a: Args): Promise<number> {
   const nc = await dial(a);
   try {
@@ -1280,6 +1394,8 @@ export async function main(argv: string[]): Promise<number> {
         return await holder(a);
       case "watch":
         return await watch(a);
+      case "shards":
+        return await shardsView(a);
       default:
         return await release(a);
     }

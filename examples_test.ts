@@ -45,6 +45,7 @@ const DENO_FLAGS: Record<string, string[]> = {
   "worker.ts": ["--allow-net", "--allow-env", "--allow-read"],
   "fenced_store.ts": ["--allow-net", "--allow-env"],
   "semaphore.ts": ["--allow-net", "--allow-env"],
+  "shards.ts": ["--allow-net", "--allow-env"],
   "demo.ts": ["--allow-all"],
 };
 
@@ -449,6 +450,54 @@ describe("examples against a real nats-server", () => {
       await sem.waitFor(/^slots held after the block: 0$/);
       assert.doesNotMatch(sem.stdout, /should not happen/);
       await sem.succeeded();
+    },
+  );
+
+  test(
+    `examples/shards.ts under ${self} (the runtime running this file): workers join and balance, unmoved shards keep their epoch, a leaver's shards are owned again at once, the fenced store refuses nothing`,
+    { timeout: TEST_TIMEOUT },
+    async () => {
+      const ex = start(self, "shards.ts", { SHARDS_GROUP: unique("orders") });
+      const list = (name: string) => `${name} \\[(\\d+(?: \\d+)*)\\]`;
+      const sizes = (m: RegExpMatchArray) =>
+        m.slice(1).map((l) => l.split(" ").length);
+      const one = await ex.waitFor(
+        new RegExp(`^worker-1 joined: ${list("worker-1")}$`),
+      );
+      assert.deepEqual(sizes(one.match), [12]);
+      const two = await ex.waitFor(
+        new RegExp(
+          `^worker-2 joined: ${list("worker-1")}, ${list("worker-2")}$`,
+        ),
+      );
+      assert.deepEqual(sizes(two.match), [6, 6]);
+      await ex.waitFor(/^ {2}6 shards moved, 6 kept their lease and epoch$/);
+      const three = await ex.waitFor(
+        new RegExp(
+          `^worker-3 joined: ${list("worker-1")}, ${list("worker-2")}, ${
+            list("worker-3")
+          }$`,
+        ),
+      );
+      assert.deepEqual(sizes(three.match), [4, 4, 4]);
+      // The minimum: worker-3's 4 shards, the other 8 kept.
+      await ex.waitFor(/^ {2}4 shards moved, 8 kept their lease and epoch$/);
+      const left = await ex.waitFor(
+        new RegExp(
+          `^worker-2 left: its 4 shards were owned again after (\\d+) ms: ${
+            list("worker-1")
+          }, ${list("worker-3")}$`,
+        ),
+      );
+      assert.deepEqual(sizes(left.match).slice(1), [6, 6]);
+      // Released, not expired: far below the 2 s TTL and its grace (not a
+      // speed target: bench/shards.ts measures that).
+      assert.ok(Number(left.match[1]) < 1_000, ex.transcript());
+      const done = await ex.waitFor(
+        /^store: (\d+) writes, 0 refused \(a stale epoch\)$/,
+      );
+      assert.ok(Number(done.match[1]) > 0);
+      await ex.succeeded();
     },
   );
 

@@ -70,3 +70,13 @@ export {
   type SemaphoreOptions,
   type SlotLease,
 } from "./semaphore.ts";
+export {
+  assignShards,
+  DEFAULT_MAX_MEMBERS,
+  MAX_SHARDS,
+  memberKey,
+  type ShardAssignment,
+  shardKey,
+  shards,
+  type ShardsOptions,
+} from "./shards.ts";

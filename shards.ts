@@ -1,0 +1,795 @@
+/**
+ * Shard ownership over leases: the shards `0..count-1` of a group are split
+ * among the live members, each shard an ordinary lease with its own key and
+ * fencing epoch.
+ *
+ * ## Why a free function
+ * {@linkcode shards} is written only against the public
+ * {@linkcode LeaseManager} interface (`guard`, `held`, `watch`,
+ * `release`), so it adds no protocol: every shard is a lease, and what the
+ * safety argument of `lease.ts` says of a lease holds for each shard. Taking
+ * the manager as an argument rather than adding a method keeps `lease.ts`
+ * (the protocol core) from growing for a recipe, and lets any object that
+ * implements the interface (a test double, a wrapper) drive it.
+ *
+ * ## Keys
+ * - `<group>.members.<slot>`: membership. A member holds one of
+ *   `maxMembers` slots, the value being its node id. The KV API cannot list
+ *   keys through the `LeaseManager` interface, so members find each other
+ *   by watching every slot (one watch per slot, no polling): the slots are
+ *   bounded for that reason.
+ * - `<group>.shards.<i>`: shard `i`, held by its owner.
+ *
+ * ## Balance and stickiness
+ * The target owner of each shard is {@linkcode assignShards} of the member
+ * set: rendezvous hashing with a balancing pass, a deterministic function
+ * that every member computes alike. A member waits for and holds the shards it is
+ * the target of and releases the others; a join or leave moves only about
+ * `count / members` shards, and shards that do not move are never released.
+ *
+ * @module
+ */
+
+import {
+  type Holder,
+  type Lease,
+  type LeaseManager,
+  UnavailableError,
+} from "./lease.ts";
+
+/**
+ * Default of {@linkcode ShardsOptions.maxMembers}: how many members a group
+ * can have at once.
+ *
+ * @example Room for more workers
+ * ```ts ignore
+ * shards(leases, "orders", { count: 256, maxMembers: 2 * DEFAULT_MAX_MEMBERS });
+ * ```
+ */
+export const DEFAULT_MAX_MEMBERS = 16;
+/**
+ * The largest {@linkcode ShardsOptions.count}. Each member computes
+ * {@linkcode assignShards} on every change of members, in time that grows
+ * with shards times members.
+ *
+ * @example Check a configured count
+ * ```ts ignore
+ * if (count > MAX_SHARDS) throw new RangeError(`at most ${MAX_SHARDS} shards`);
+ * ```
+ */
+export const MAX_SHARDS = 4096;
+/** The largest {@linkcode ShardsOptions.maxMembers}. */
+const MAX_MEMBER_SLOTS = 256;
+/** The most (shard, member) pairs {@linkcode assignShards} ranks. */
+const MAX_PAIRS = MAX_SHARDS * MAX_MEMBER_SLOTS;
+
+const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
+
+/**
+ * Options of {@linkcode shards}.
+ *
+ * @example 32 shards, until Ctrl-C
+ * ```ts ignore
+ * const stop = new AbortController();
+ * process.once("SIGINT", () => stop.abort());
+ * const options: ShardsOptions = { count: 32, signal: stop.signal };
+ * for await (const a of shards(leases, "orders", options)) console.log(a.added);
+ * ```
+ */
+export interface ShardsOptions {
+  /**
+   * How many shards the group has: shards are numbered `0..count-1`. Every
+   * member of a group must pass the same count. At most
+   * {@linkcode MAX_SHARDS}.
+   */
+  count: number;
+  /**
+   * Aborting it leaves the group: the iteration ends (it returns), and this
+   * member's shards and membership are released at once, so the others
+   * take its shards within milliseconds.
+   * @default {undefined}
+   */
+  signal?: AbortSignal;
+  /**
+   * How many members the group can have at once (membership slots, each
+   * watched by every member). A node that finds every slot taken waits as a
+   * standby, owning nothing, until one frees. Every member of a group must
+   * pass the same value. At most 256.
+   * @default {16}
+   */
+  maxMembers?: number;
+}
+
+/**
+ * One assignment yielded by {@linkcode shards}: what this member owns now.
+ *
+ * @example Start and stop a worker per shard
+ * ```ts ignore
+ * for await (const a of shards(leases, "orders", { count: 32, signal })) {
+ *   for (const i of a.removed) workers.get(i)?.stop();
+ *   for (const i of a.added) workers.set(i, startWorker(i, a.owned.get(i)!));
+ *   console.log(`${a.owned.size} shards, members: ${a.members.join(" ")}`);
+ * }
+ * ```
+ */
+export interface ShardAssignment {
+  /**
+   * The shards this member owns, each with its lease (key
+   * `<group>.shards.<i>`, fencing epoch, loss signal). Write to a shard
+   * with `leases.guard(lease.key, write, { signal: lease.signal })`.
+   */
+  readonly owned: ReadonlyMap<number, Lease>;
+  /** Shards owned now and not in the previous assignment (or under a new lease since), in order. */
+  readonly added: readonly number[];
+  /** Shards owned in the previous assignment and not now (or under a new lease since), in order. */
+  readonly removed: readonly number[];
+  /** The members seen (node ids, sorted), this member included once it holds a slot. */
+  readonly members: readonly string[];
+}
+
+/**
+ * The lease key of shard `shard` of `group`.
+ *
+ * @param group The group name (a lease key).
+ * @param shard The shard number.
+ * @returns The key, `<group>.shards.<shard>`.
+ *
+ * @example Who holds shard 3
+ * ```ts ignore
+ * import { shardKey } from "@nats-lease/lease";
+ * console.log(await leases.holder(shardKey("orders", 3))); // key "orders.shards.3"
+ * ```
+ */
+export function shardKey(group: string, shard: number): string {
+  return `${group}.shards.${shard}`;
+}
+
+/**
+ * The lease key of membership slot `slot` of `group`.
+ *
+ * @param group The group name (a lease key).
+ * @param slot The slot number.
+ * @returns The key, `<group>.members.<slot>`.
+ *
+ * @example The first slot
+ * ```ts ignore
+ * import { memberKey } from "@nats-lease/lease";
+ * console.log(memberKey("orders", 0)); // "orders.members.0"
+ * ```
+ */
+export function memberKey(group: string, slot: number): string {
+  return `${group}.members.${slot}`;
+}
+
+function describe(value: unknown): string {
+  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "number" || typeof value === "boolean") {
+    return String(value);
+  }
+  if (value === null) return "null";
+  if (value === undefined) return "undefined";
+  return typeof value;
+}
+
+function checkCount(verb: string, count: unknown): asserts count is number {
+  if (typeof count !== "number") {
+    throw new TypeError(
+      `Cannot ${verb} as 'count' must be a number: received ${describe(count)}`,
+    );
+  }
+  if (!Number.isInteger(count) || count < 1 || count > MAX_SHARDS) {
+    throw new RangeError(
+      `Cannot ${verb} as 'count' must be a whole number from 1 to ${MAX_SHARDS}: received ${count}`,
+    );
+  }
+}
+
+/** A 32-bit score of (member, shard): FNV-1a, then murmur3's finaliser. */
+function score(member: string, shard: number): number {
+  let h = 0x811c9dc5;
+  const s = `${member}\u0000${shard}`;
+  for (let i = 0; i < s.length; i++) {
+    h ^= s.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 0;
+}
+
+/**
+ * The target owner of each shard for a member set: a deterministic function
+ * of `count` and the set (the order and repeats of `members` do not
+ * matter), which every member computes alike.
+ *
+ * Rendezvous hashing with a balancing pass: each (shard, member) pair gets
+ * a hash score, and the pairs are taken from the highest score down; a pair
+ * assigns its shard to its member unless the shard is taken or the member
+ * is full. A member is full at `floor(count / n)` shards once
+ * `count mod n` members have reached `ceil(count / n)`, so every member
+ * ends with one of the two. When one member joins or leaves, a shard moves
+ * only if its pair with the joiner outranks its current assignment, or its
+ * owner left, or balance forces it: about `count / n` shards move.
+ *
+ * @param count The number of shards, from 1 to {@linkcode MAX_SHARDS}.
+ * @param members The members' node ids.
+ * @returns Each member's shards, in ascending order (every member has an entry, possibly empty).
+ * @throws {TypeError} `count` is not a number, or `members` is not an array of non-empty strings.
+ * @throws {RangeError} `count` is not a whole number from 1 to {@linkcode MAX_SHARDS}, or `count` times the number of distinct members exceeds 1,048,576 ({@linkcode MAX_SHARDS} × 256).
+ *
+ * @example Who should own shard 7
+ * ```ts ignore
+ * import { assignShards } from "@nats-lease/lease";
+ * const targets = assignShards(16, ["node-a", "node-b", "node-c"]);
+ * const owner = [...targets].find(([, s]) => s.includes(7))?.[0];
+ * console.log(owner, targets.get("node-a")!.length); // 5 or 6 shards each
+ * ```
+ */
+export function assignShards(
+  count: number,
+  members: readonly string[],
+): Map<string, number[]> {
+  checkCount("assign shards", count);
+  if (
+    !Array.isArray(members) ||
+    members.some((m) => typeof m !== "string" || m === "")
+  ) {
+    throw new TypeError(
+      `Cannot assign shards as 'members' must be an array of non-empty strings: received ${
+        Array.isArray(members)
+          ? `[${members.map(describe).join(", ")}]`
+          : describe(members)
+      }`,
+    );
+  }
+  const ms = [...new Set(members)].sort();
+  const out = new Map<string, number[]>(ms.map((m) => [m, []]));
+  const n = ms.length;
+  if (count * n > MAX_PAIRS) {
+    throw new RangeError(
+      `Cannot assign shards as 'count' times the number of members must be at most ${MAX_PAIRS}: received ${count} × ${n}`,
+    );
+  }
+  if (n === 0) return out;
+  const q = Math.floor(count / n);
+  const r = count % n;
+  // Each pair as one exact float64: (2^32 - 1 - score) * 2^20 + pair index,
+  // so a plain numeric sort orders the pairs by score (highest first), ties
+  // by shard, then member (names sorted). count * n <= 2^20 (MAX_SHARDS
+  // shards, 256 members), so the sum stays below 2^53.
+  const pairs = new Float64Array(count * n);
+  for (let s = 0; s < count; s++) {
+    for (let m = 0; m < n; m++) {
+      const p = s * n + m;
+      pairs[p] = (0xffffffff - score(ms[m]!, s)) * 0x100000 + p;
+    }
+  }
+  pairs.sort();
+  const load = new Array<number>(n).fill(0);
+  const owner = new Int32Array(count).fill(-1);
+  let atCeil = 0;
+  let left = count;
+  for (const key of pairs) {
+    const p = key % 0x100000;
+    const s = Math.floor(p / n), m = p % n;
+    if (owner[s] !== -1) continue;
+    const l = load[m]!;
+    if (l < q || (l === q && atCeil < r)) {
+      owner[s] = m;
+      load[m] = l + 1;
+      if (l === q) atCeil++;
+      if (--left === 0) break;
+    }
+  }
+  for (let s = 0; s < count; s++) out.get(ms[owner[s]!]!)!.push(s);
+  return out;
+}
+
+const groupsInUse = new WeakMap<LeaseManager, Set<string>>();
+
+/**
+ * Joins `group` as a member and follows which of its shards `0..count-1`
+ * this node owns: an async iterable of {@linkcode ShardAssignment}s, one
+ * each time the shards owned or the members seen change (changes that come
+ * while the loop body runs are folded into the next one).
+ *
+ * - **Membership.** The member holds one slot lease
+ *   (`<group>.members.<slot>`, of `maxMembers`) and watches every slot. A
+ *   member that crashes drops out when its slot's entry expires (the TTL);
+ *   one that leaves (`break`, a throw out of the loop, `signal`, or the
+ *   manager's `close()`) releases its shards and its slot at once.
+ * - **Ownership.** The member waits for and holds each shard that
+ *   {@linkcode assignShards} gives it for the members seen (a guard with
+ *   `wait: true` whose write lasts the tenure, so the key is renewed in the
+ *   background and never idle-released), and releases each shard it no
+ *   longer gets. A shard it keeps is never released. A shard's lease
+ *   signal aborts as soon as the shard is to move, and its key is released
+ *   once the writes on it settled, so before any other member can take it;
+ *   the next owner takes it within milliseconds of the release. A leaving
+ *   member releases its shards before its slot, so the others find them
+ *   free when they learn it left. A crashed owner's shards are taken after
+ *   its entries expire and the failover grace (a TTL) runs. A tenure lost
+ *   (the server unreachable past the TTL) ends that shard's lease; the
+ *   member then waits for the shard again, under a new epoch.
+ * - **Writes.** Write to shard `i` with
+ *   `leases.guard(lease.key, write, { signal: lease.signal })`, `lease`
+ *   being `owned.get(i)`: the guard then refuses once the shard moved
+ *   away, instead of taking its key again, and `write` gets the shard's
+ *   fencing epoch for the store, as any guard does.
+ *
+ * The members only agree on the target once their views of the slots agree:
+ * while a change propagates (a few milliseconds of watch latency), two
+ * members may both want a shard, and the lease makes one of them wait. A
+ * node runs one iteration per group per manager at a time.
+ *
+ * @param leases The lease manager; its node id is the member's id.
+ * @param group The group name: a lease key (ASCII letters, digits, `-`, `_`, `/`, `=`, `.`-separated).
+ * @param options The shard count, a signal to leave, and the number of membership slots.
+ * @returns The assignments, starting once this node's view of the group is complete.
+ * @throws {TypeError} `leases` is not a lease manager, `group` is not a valid key, `signal` is not an `AbortSignal`, or a number option is not a number; while iterating, another iteration of the same group on this manager is running, or the manager is closed.
+ * @throws {RangeError} `count` is not a whole number from 1 to {@linkcode MAX_SHARDS}, or `maxMembers` not one from 1 to 256.
+ * @throws {UnavailableError} While iterating: the bucket is gone or the connection closed for good.
+ *
+ * @example Process the shards this node owns
+ * ```ts ignore
+ * import { shards } from "@nats-lease/lease";
+ *
+ * for await (const a of shards(leases, "orders", { count: 32, signal })) {
+ *   for (const i of a.removed) stopWorker(i);
+ *   for (const i of a.added) {
+ *     const lease = a.owned.get(i)!;
+ *     startWorker(i, (record) =>
+ *       leases.guard(lease.key, (l) => store.append(i, l.epoch, record), {
+ *         signal: lease.signal, // refused once shard i moved away
+ *       }));
+ *   }
+ * }
+ * ```
+ */
+export function shards(
+  leases: LeaseManager,
+  group: string,
+  options: ShardsOptions,
+): AsyncIterable<ShardAssignment> {
+  const verb = `follow the shards of '${group}'`;
+  if (
+    typeof leases !== "object" || leases === null ||
+    typeof leases.guard !== "function" ||
+    typeof leases.watch !== "function" ||
+    typeof leases.held !== "function" ||
+    typeof leases.release !== "function"
+  ) {
+    throw new TypeError(
+      `Cannot follow shards as 'leases' must be a LeaseManager: received ${
+        describe(leases)
+      }`,
+    );
+  }
+  if (typeof group !== "string" || !KEY_RE.test(group)) {
+    throw new TypeError(
+      `Cannot follow shards as 'group' must be a lease key (letters, digits, '-', '_', '/', '=' in '.'-separated tokens): received ${
+        describe(group)
+      }`,
+    );
+  }
+  if (typeof options !== "object" || options === null) {
+    throw new TypeError(
+      `Cannot ${verb} as 'options' must be an object with 'count': received ${
+        describe(options)
+      }`,
+    );
+  }
+  const { count, signal } = options;
+  checkCount(verb, count);
+  const slots = options.maxMembers ?? DEFAULT_MAX_MEMBERS;
+  if (typeof slots !== "number") {
+    throw new TypeError(
+      `Cannot ${verb} as 'maxMembers' must be a number: received ${
+        describe(slots)
+      }`,
+    );
+  }
+  if (!Number.isInteger(slots) || slots < 1 || slots > MAX_MEMBER_SLOTS) {
+    throw new RangeError(
+      `Cannot ${verb} as 'maxMembers' must be a whole number from 1 to ${MAX_MEMBER_SLOTS}: received ${slots}`,
+    );
+  }
+  if (signal !== undefined && !(signal instanceof AbortSignal)) {
+    throw new TypeError(
+      `Cannot ${verb} as 'signal' must be an AbortSignal: received ${
+        describe(signal)
+      }`,
+    );
+  }
+  return {
+    [Symbol.asyncIterator]: () =>
+      follow(new Member(leases, group, count, slots, signal)),
+  };
+}
+
+async function* follow(
+  m: Member,
+): AsyncGenerator<ShardAssignment, void, undefined> {
+  m.start();
+  try {
+    for (;;) {
+      const a = await m.next();
+      if (a === null) return;
+      yield a;
+    }
+  } finally {
+    await m.leave();
+  }
+}
+
+/** One key this member holds or waits for (a shard, its slot). */
+interface Hold {
+  readonly stop: AbortController;
+  /** Resolves when the hold ended and the key was released. */
+  readonly done: Promise<void>;
+}
+
+/** The state of one member of one group, for one iteration. */
+class Member {
+  readonly #leases: LeaseManager;
+  readonly #group: string;
+  readonly #count: number;
+  readonly #slots: number;
+  readonly #signal: AbortSignal | undefined;
+  /** Aborted when the member leaves: ends the watches and shard holds. */
+  readonly #stop = new AbortController();
+  /** What each slot's watch last said; `undefined` until its first answer. */
+  readonly #holders: (Holder | null | undefined)[];
+  #heard = 0;
+  #slot: number | undefined;
+  /** Whether the watch of our slot has shown us in it since we took it. */
+  #seenInSlot = false;
+  #joining = false;
+  /** Our view is complete and we joined, or found every slot taken. */
+  #settled = false;
+  #slotHold: Hold | undefined;
+  /** A stopped slot hold, until its release is done. */
+  #slotStopping: Promise<void> = Promise.resolve();
+  /** Stopped shard holds, until their releases are done. */
+  readonly #stopping = new Map<number, Promise<void>>();
+  readonly #holds = new Map<number, Hold>();
+  readonly #owned = new Map<number, Lease>();
+  #members: readonly string[] = [];
+  #targetOf = "";
+  #target = new Set<number>();
+  /** Tasks to wait for on leaving (watches, holds being stopped). */
+  readonly #tasks = new Set<Promise<void>>();
+  #wake: (() => void) | undefined;
+  #dirty = false;
+  #failure: { error: unknown } | undefined;
+  #ended = false;
+  #leaving: Promise<void> | undefined;
+  #last: { owned: Map<number, Lease>; members: readonly string[] } | undefined;
+  #registered = false;
+  #retry: ReturnType<typeof setTimeout> | undefined;
+  readonly #onAbort = () => this.#end();
+
+  constructor(
+    leases: LeaseManager,
+    group: string,
+    count: number,
+    slots: number,
+    signal: AbortSignal | undefined,
+  ) {
+    this.#leases = leases;
+    this.#group = group;
+    this.#count = count;
+    this.#slots = slots;
+    this.#signal = signal;
+    this.#holders = new Array<Holder | null | undefined>(slots).fill(
+      undefined,
+    );
+  }
+
+  start(): void {
+    if (this.#signal?.aborted) {
+      this.#ended = true;
+      return;
+    }
+    let inUse = groupsInUse.get(this.#leases);
+    if (!inUse) groupsInUse.set(this.#leases, inUse = new Set());
+    if (inUse.has(this.#group)) {
+      throw new TypeError(
+        `Cannot follow the shards of '${this.#group}' as this lease manager already follows them: one iteration per group per node`,
+      );
+    }
+    inUse.add(this.#group);
+    this.#registered = true;
+    this.#signal?.addEventListener("abort", this.#onAbort, { once: true });
+    for (let s = 0; s < this.#slots; s++) this.#track(this.#watchSlot(s));
+  }
+
+  #track(p: Promise<void>): void {
+    this.#tasks.add(p);
+    p.finally(() => this.#tasks.delete(p));
+  }
+
+  #fail(error: unknown): void {
+    this.#failure ??= { error };
+    this.#end();
+  }
+
+  /** Ends the iteration and starts leaving at once (see `leave`). */
+  #end(): void {
+    this.#ended = true;
+    clearTimeout(this.#retry);
+    this.#stop.abort();
+    this.#changed();
+    void this.leave();
+  }
+
+  #changed(): void {
+    this.#dirty = true;
+    const w = this.#wake;
+    this.#wake = undefined;
+    w?.();
+  }
+
+  async #watchSlot(slot: number): Promise<void> {
+    try {
+      const key = memberKey(this.#group, slot);
+      for await (
+        const h of this.#leases.watch(key, { signal: this.#stop.signal })
+      ) {
+        if (this.#holders[slot] === undefined) this.#heard++;
+        this.#holders[slot] = h;
+        if (slot === this.#slot) {
+          if (h?.node === this.#leases.node) {
+            this.#seenInSlot = true;
+            this.#settled = true;
+          } else if (this.#seenInSlot) this.#lostSlot();
+        }
+        this.#reconcile();
+      }
+      // The watch ended without our stop: the manager closed.
+      if (!this.#stop.signal.aborted) this.#end();
+    } catch (err) {
+      if (!this.#stop.signal.aborted) this.#fail(err);
+    }
+  }
+
+  /** Our slot shows another holder or none: take a slot again. */
+  #lostSlot(): void {
+    const c = this.#slotHold;
+    this.#slot = undefined;
+    this.#seenInSlot = false;
+    this.#slotHold = undefined;
+    if (c) {
+      c.stop.abort();
+      this.#slotStopping = c.done;
+    }
+    this.#reconcile();
+  }
+
+  /** Takes a free slot, trying those the watches show free in order. */
+  async #join(): Promise<void> {
+    if (this.#joining || this.#slot !== undefined) return;
+    this.#joining = true;
+    try {
+      // A slot given up is released before any slot is taken again.
+      await this.#slotStopping;
+      for (let s = 0; s < this.#slots; s++) {
+        if (this.#stop.signal.aborted) return;
+        const h = this.#holders[s];
+        if (h !== null && h?.node !== this.#leases.node) continue;
+        const key = memberKey(this.#group, s);
+        if (!(await this.#leases.held(key))) continue;
+        if (this.#stop.signal.aborted) {
+          await this.#leases.release(key);
+          return;
+        }
+        this.#slot = s;
+        this.#seenInSlot = this.#holders[s]?.node === this.#leases.node;
+        if (this.#seenInSlot) this.#settled = true;
+        // The hold keeps the slot renewed (and out of `idleRelease`) and
+        // releases it when stopped.
+        this.#slotHold = this.#hold(key, () => {}, undefined, false);
+        this.#reconcile();
+        return;
+      }
+      // Every slot taken: a standby. A slot's watch reports when one frees.
+      this.#settled = true;
+    } catch (err) {
+      if (this.#stop.signal.aborted) return;
+      if (!(err instanceof UnavailableError)) return this.#fail(err);
+      // The server did not answer: try again a third of a TTL later (a
+      // slot's watch may have no news to wake us with).
+      clearTimeout(this.#retry);
+      this.#retry = setTimeout(() => this.#reconcile(), this.#leases.ttl / 3);
+    } finally {
+      this.#joining = false;
+      this.#changed();
+    }
+  }
+
+  /**
+   * Holds `key` until stopped: a guard that waits for the key (`wait:
+   * true`), whose write lasts the whole tenure. `onLease` gets each
+   * tenure's lease; its signal follows the guard's, so stopping aborts it
+   * at once, then the write ends and the key is released. A tenure lost
+   * (the lease not renewed in time, taken over) ends the write too, and the
+   * guard waits for the key again.
+   *
+   * Not a campaign: a campaign keeps a watch of its key (a consumer on the
+   * server) for as long as it runs, and opening hundreds of them at once
+   * queues the server's other requests, the acquisitions' among them, behind
+   * their creation. A waiting guard opens a watch only while another node
+   * holds the key, and closes it once it got the key. A running write also
+   * keeps the key out of `idleRelease`.
+   */
+  #hold(
+    key: string,
+    onLease: (lease: Lease) => void,
+    after?: Promise<void>,
+    withMember = true,
+  ): Hold {
+    const stop = new AbortController();
+    // The slot outlives the member's stop: leaving releases the shards
+    // first, then the slot (see `leave`).
+    const signal = withMember
+      ? AbortSignal.any([stop.signal, this.#stop.signal])
+      : stop.signal;
+    const done = (async () => {
+      // A hold of the same key being stopped releases it first: its
+      // release must not end this hold's tenure.
+      if (after) await after;
+      try {
+        while (!signal.aborted) {
+          await this.#leases.guard(
+            key,
+            (lease) =>
+              new Promise<void>((resolve) => {
+                onLease(lease);
+                if (lease.signal.aborted) return resolve();
+                lease.signal.addEventListener("abort", () => resolve(), {
+                  once: true,
+                });
+              }),
+            { wait: true, signal },
+          );
+        }
+      } catch (err) {
+        if (signal.aborted) return;
+        // A closed manager: the member ends, as the slots' watches do.
+        if (err instanceof TypeError) this.#end();
+        else this.#fail(err);
+      } finally {
+        // Released only once the tenure's write ended (its signal aborted),
+        // so no write of ours runs when a successor can see the key free.
+        await this.#leases.release(key).catch(() => {});
+      }
+    })();
+    this.#track(done);
+    return { stop, done };
+  }
+
+  /** Holds the shards targeted at us and releases the others. */
+  #reconcile(): void {
+    if (this.#ended) return;
+    if (this.#heard < this.#slots) return;
+    const members = [
+      ...new Set(
+        this.#holders.flatMap((h) => h ? [h.node] : []),
+      ),
+    ].sort();
+    const id = members.join("\u0000");
+    if (id !== this.#members.join("\u0000")) {
+      this.#members = members;
+      this.#changed();
+    }
+    if (this.#slot === undefined) void this.#join();
+    const mine = this.#slot !== undefined && this.#seenInSlot &&
+      members.includes(this.#leases.node);
+    const targetOf = mine ? id : "";
+    if (targetOf !== this.#targetOf) {
+      this.#targetOf = targetOf;
+      this.#target = new Set(
+        mine ? assignShards(this.#count, members).get(this.#leases.node) : [],
+      );
+    }
+    for (const [shard, c] of this.#holds) {
+      if (this.#target.has(shard)) continue;
+      this.#holds.delete(shard);
+      c.stop.abort();
+      const done = c.done.finally(() => {
+        if (this.#stopping.get(shard) === done) this.#stopping.delete(shard);
+      });
+      this.#stopping.set(shard, done);
+    }
+    for (const shard of this.#target) {
+      if (!this.#holds.has(shard)) this.#startShard(shard);
+    }
+    this.#changed();
+  }
+
+  #startShard(shard: number): void {
+    const key = shardKey(this.#group, shard);
+    const c = this.#hold(key, (lease) => {
+      if (this.#holds.get(shard) !== c || lease.signal.aborted) return;
+      this.#owned.set(shard, lease);
+      lease.signal.addEventListener("abort", () => {
+        if (this.#owned.get(shard) === lease) this.#owned.delete(shard);
+        this.#changed();
+      }, { once: true });
+      this.#changed();
+    }, this.#stopping.get(shard));
+    this.#holds.set(shard, c);
+  }
+
+  /** The next assignment to yield, or `null` once the iteration ended. */
+  async next(): Promise<ShardAssignment | null> {
+    for (;;) {
+      if (this.#failure) throw this.#failure.error;
+      if (this.#ended) return null;
+      if (this.#dirty && this.#settled && !this.#joining) {
+        this.#dirty = false;
+        const a = this.#assignment();
+        if (a) return a;
+      }
+      await new Promise<void>((r) => this.#wake = r);
+    }
+  }
+
+  #assignment(): ShardAssignment | null {
+    const owned = new Map(
+      [...this.#owned].filter(([, l]) => !l.signal.aborted).sort((a, b) =>
+        a[0] - b[0]
+      ),
+    );
+    const last = this.#last;
+    if (
+      last && last.members === this.#members &&
+      last.owned.size === owned.size &&
+      [...owned].every(([s, l]) => last.owned.get(s) === l)
+    ) return null;
+    const before = last?.owned ?? new Map<number, Lease>();
+    const added = [...owned].filter(([s, l]) => before.get(s) !== l).map((
+      [s],
+    ) => s);
+    const removed = [...before].filter(([s, l]) => owned.get(s) !== l).map((
+      [s],
+    ) => s).sort((a, b) => a - b);
+    this.#last = { owned, members: this.#members };
+    return { owned, added, removed, members: this.#members };
+  }
+
+  /**
+   * Leaves the group: stops every watch and shard hold (each shard's
+   * lease signal aborts at once) and releases the shards, then the slot,
+   * and resolves when nothing of this iteration runs any more. Shards go
+   * first so that the others, who take them when they see the slot free,
+   * find them free already: one compare-and-set each, instead of waiting
+   * on a watch they would first have to open.
+   */
+  leave(): Promise<void> {
+    if (this.#leaving) return this.#leaving;
+    let done!: () => void;
+    this.#leaving = new Promise<void>((r) => done = r);
+    void (async () => {
+      this.#end();
+      this.#signal?.removeEventListener("abort", this.#onAbort);
+      const slot = this.#slotHold;
+      for (;;) {
+        const shardTasks = [...this.#tasks].filter((t) => t !== slot?.done);
+        if (shardTasks.length === 0) break;
+        await Promise.all(shardTasks);
+      }
+      slot?.stop.abort();
+      while (this.#tasks.size > 0) await Promise.all([...this.#tasks]);
+      if (this.#slot !== undefined) {
+        await this.#leases.release(memberKey(this.#group, this.#slot))
+          .catch(() => {});
+      }
+      if (this.#registered) groupsInUse.get(this.#leases)?.delete(this.#group);
+    })().finally(done);
+    return this.#leaving;
+  }
+}

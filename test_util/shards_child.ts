@@ -1,0 +1,107 @@
+// A member of a shard group run as a child process by shards_test.ts and
+// bench/shards.ts, so that they can SIGKILL a real member. It prints one
+// JSON line per event on stdout:
+//   {"ev":"ready"}                                    connected, manager open
+//   {"ev":"assign","t":..,"owned":{"3":17,..},"added":[..],"removed":[..],"members":[..]}
+//   {"ev":"w","w":[[shard,epoch,start,end],..]}       writes since the last line
+//   {"ev":"leaving"}                                  SIGTERM received: leaving now
+//   {"ev":"closed","released":[..],"unreleased":[..]} after SIGTERM: left and closed
+// Times are wall-clock milliseconds with a fraction (performance.timeOrigin
+// + performance.now()), shared by the processes of one machine.
+//
+// Environment: NATS_URL (comma-separated), LEASE_BUCKET, LEASE_TTL,
+// SHARDS_GROUP, SHARDS_COUNT, LEASE_NODE, SHARDS_WRITE_MS (each owned shard
+// is written every this many ms with check: "lease"; 0: no writes).
+//
+// On SIGTERM the member leaves (the signal aborts), closes the manager and
+// the connection, prints "closed" and must then exit by itself: a timer or
+// a consumer left behind would keep it alive.
+import process from "node:process";
+import { connect } from "@nats-io/transport-node";
+import { createLeaseManager, type Lease, shards } from "../mod.ts";
+
+const env = process.env;
+const now = () => performance.timeOrigin + performance.now();
+const say = (ev: string, extra: Record<string, unknown> = {}) =>
+  process.stdout.write(JSON.stringify({ ev, t: now(), ...extra }) + "\n");
+
+const nc = await connect({
+  servers: env.NATS_URL!.split(","),
+  maxReconnectAttempts: -1,
+  reconnectTimeWait: 100,
+  ignoreClusterUpdates: true,
+});
+const leases = await createLeaseManager({
+  nc,
+  node: env.LEASE_NODE!,
+  bucket: env.LEASE_BUCKET!,
+  ttl: Number(env.LEASE_TTL),
+});
+const stop = new AbortController();
+process.on("SIGTERM", () => {
+  say("leaving");
+  stop.abort();
+});
+say("ready");
+
+const writeMs = Number(env.SHARDS_WRITE_MS ?? 0);
+const writes: number[][] = [];
+const writers = new Map<number, Promise<void>>();
+const sleep = (ms: number, signal: AbortSignal) =>
+  new Promise<void>((r) => {
+    const t = setTimeout(done, ms);
+    function done() {
+      clearTimeout(t);
+      signal.removeEventListener("abort", done);
+      r();
+    }
+    signal.addEventListener("abort", done, { once: true });
+  });
+
+/** Writes shard `s` every writeMs until its lease's signal aborts. */
+async function writer(s: number, lease: Lease): Promise<void> {
+  while (!lease.signal.aborted) {
+    try {
+      await leases.guard(lease.key, (l) => {
+        const a = now();
+        l.throwIfLost();
+        writes.push([s, l.epoch, a, now()]);
+      }, { signal: lease.signal, check: "lease" });
+    } catch {
+      // Refused (moved away, unavailable): the loop condition decides.
+    }
+    await sleep(writeMs, lease.signal);
+  }
+}
+
+const flush = writeMs > 0
+  ? setInterval(() => {
+    if (writes.length) say("w", { w: writes.splice(0) });
+  }, 100)
+  : undefined;
+
+for await (
+  const a of shards(leases, env.SHARDS_GROUP!, {
+    count: Number(env.SHARDS_COUNT),
+    signal: stop.signal,
+  })
+) {
+  say("assign", {
+    owned: Object.fromEntries([...a.owned].map(([s, l]) => [s, l.epoch])),
+    added: a.added,
+    removed: a.removed,
+    members: a.members,
+  });
+  if (writeMs > 0) {
+    for (const s of a.added) {
+      const w = writer(s, a.owned.get(s)!);
+      writers.set(s, w);
+    }
+  }
+}
+await Promise.all(writers.values());
+clearInterval(flush);
+if (writes.length) say("w", { w: writes.splice(0) });
+const r = await leases.close();
+await nc.close();
+say("closed", { released: r.released, unreleased: r.unreleased });
