@@ -848,7 +848,15 @@ describe("the lease command", () => {
     const here = path.dirname(CLI);
     const dir = fs.mkdtempSync(path.join(here, ".tmp-nowatchdog-"));
     try {
-      for (const f of ["cli.ts", "cli_cgroup.ts", "lease.ts", "semaphore.ts"]) {
+      for (
+        const f of [
+          "cli.ts",
+          "cli_cgroup.ts",
+          "lease.ts",
+          "semaphore.ts",
+          "shards.ts",
+        ]
+      ) {
         fs.copyFileSync(path.join(here, f), path.join(dir, f));
       }
       const key = uniq("nw");
