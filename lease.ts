@@ -3406,7 +3406,8 @@ class Manager extends EventTarget implements LeaseManager {
         st.tenure?.end(new UnavailableError(st.key, why), now, "defunct");
       }
     }
-    this.#emit(new LeaseDefunctEvent(why));
+    // A manager closed before its connection was has nothing to report.
+    if (!this.#stopped) this.#emit(new LeaseDefunctEvent(why));
   }
 
   #connectionClosed(): void {
@@ -3578,7 +3579,7 @@ class Manager extends EventTarget implements LeaseManager {
       if (now - st.renewAt > this.ttl / 3) overdue.push(st.key);
       if (t.suspended || t.validUntil - now < margin) expiring.push(st.key);
     }
-    const closed = this.#stopped;
+    const closed = this.#closing !== undefined || this.#stopped;
     const connected = this.#linkUp && !this.#port.isClosed();
     return {
       ok: !closed && this.#defunct === undefined && connected &&
