@@ -120,6 +120,7 @@ const show = (ws: Worker[]) =>
     .join(", ");
 
 const workers: Worker[] = [];
+let joined2 = 0;
 for (const name of ["worker-1", "worker-2", "worker-3"]) {
   const before = new Map(
     workers.flatMap((w) =>
@@ -128,6 +129,8 @@ for (const name of ["worker-1", "worker-2", "worker-3"]) {
   );
   workers.push(await worker(name));
   await settled(workers);
+  // Its member slot was taken before the group settled with it.
+  if (name === "worker-2") joined2 = performance.now();
   let moved = 0, kept = 0;
   for (const w of workers) {
     for (const [s, e] of w.epochs()) {
@@ -143,6 +146,11 @@ for (const name of ["worker-1", "worker-2", "worker-3"]) {
   }
 }
 
+// A member's slot taken fresh on a server without expiry markers (before
+// 2.11.2) owes a failover grace of one TTL, and a release inside it is not
+// clean: the others would learn of the leave only when the slot expired. So
+// worker-2 leaves once it has been a member that long.
+await sleep(Math.max(0, joined2 + 2_100 - performance.now()));
 const leaving = workers[1]!;
 const theirs = leaving.owned().length;
 const t0 = performance.now();
