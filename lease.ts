@@ -2805,10 +2805,11 @@ class Manager extends EventTarget implements LeaseManager {
         // A key given up sends nothing more: its guards see the release
         // and claim the key again once it has finished.
         if (!this.#givenUp(st)) {
-          await (st.held ? this.#renewing(st) : this.#acquire(st));
+          await (st.held ? this.#renew(st) : this.#acquire(st));
         }
         b.resolve();
       } catch (err) {
+        this.#renewalFailed(st, err);
         b.reject(err);
       }
     }
@@ -2925,20 +2926,18 @@ class Manager extends EventTarget implements LeaseManager {
   }
 
   /** Renews a lease we believe we hold: the steady-state round trip. */
-  /** Renews `st`, and tells the listeners when that fails. */
-  async #renewing(st: KeyState): Promise<void> {
-    const t = st.tenure!;
-    try {
-      await this.#renew(st);
-    } catch (err) {
-      if (err instanceof UnavailableError && !t.controller.signal.aborted) {
-        const left = t.validUntil - this.#port.now();
-        this.#emit(
-          new RenewalFailedEvent(st.key, t.epoch, err, Math.max(0, left)),
-        );
-      }
-      throw err;
-    }
+  /**
+   * Tells the listeners of a renewal that failed on a tenure still going
+   * (off the guard's path: only a failed CAS gets here).
+   */
+  #renewalFailed(st: KeyState, err: unknown): void {
+    const t = st.tenure;
+    if (
+      !st.held || !t || t.controller.signal.aborted ||
+      !(err instanceof UnavailableError)
+    ) return;
+    const left = Math.max(0, t.validUntil - this.#port.now());
+    this.#emit(new RenewalFailedEvent(st.key, t.epoch, err, left));
   }
 
   async #renew(st: KeyState): Promise<void> {
