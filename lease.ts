@@ -787,7 +787,9 @@ export interface Lease {
   /**
    * The fencing epoch: the KV revision at which this node's tenure began.
    * Constant while the node holds the key; strictly greater for any later
-   * holder (within one incarnation of the bucket).
+   * holder (within one incarnation of the bucket, on a server that keeps
+   * what it acknowledged: after a lost tail an epoch may repeat, and
+   * {@linkcode Lease.tenure} tells the two tenures apart).
    */
   readonly epoch: number;
   /**
