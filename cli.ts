@@ -754,6 +754,12 @@ function groupAlive(pid: number): boolean {
   }
 }
 
+/**
+ * How long to wait for the watchdog's "stopping" after the command ended by
+ * a signal we did not send: its line is written before its signal.
+ */
+const WATCHDOG_WORD_MS = 100;
+
 /** How long the watchdog may take to load and say "ready". */
 const WATCHDOG_READY_MS = 15_000;
 
@@ -764,6 +770,11 @@ interface Watchdog {
   alive(): boolean;
   /** Resolves when it exits, with how it ended. */
   exited: Promise<string>;
+  /**
+   * Resolves true once it says it is stopping the command (its deadline
+   * passed, or our pipe closed), or false after `ms` without that.
+   */
+  stopping(ms: number): Promise<boolean>;
 }
 
 /**
@@ -807,13 +818,19 @@ async function startWatchdog(
     err = (err + d).slice(-2000);
   });
   let timer: ReturnType<typeof setTimeout> | undefined;
+  let out = "";
+  let stopping = false;
+  const onStopping = new Set<() => void>();
   try {
     await Promise.race([
       new Promise<void>((resolve) => {
-        let out = "";
         w.stdout!.setEncoding("utf8").on("data", (d: string) => {
-          out += d;
+          out = (out + d).slice(-100);
           if (out.includes("ready\n")) resolve();
+          if (!stopping && out.includes("stopping\n")) {
+            stopping = true;
+            for (const f of onStopping) f();
+          }
         });
       }),
       exited.then((how) => {
@@ -846,6 +863,18 @@ async function startWatchdog(
     send: (line) => void w.stdin?.write(`${line}\n`),
     alive: () => running,
     exited,
+    stopping: (ms) =>
+      stopping ? Promise.resolve(true) : new Promise<boolean>((resolve) => {
+        const t = setTimeout(() => {
+          onStopping.delete(done);
+          resolve(false);
+        }, ms);
+        const done = () => {
+          clearTimeout(t);
+          resolve(true);
+        };
+        onStopping.add(done);
+      }),
   };
 }
 
@@ -967,7 +996,7 @@ async function run(a: Args): Promise<number> {
       });
       const pid = child.pid;
       let tick: ReturnType<typeof setInterval> | undefined;
-      let stopped: "lost" | "watchdog" | undefined;
+      let stopped: "lost" | "deadline" | "watchdog" | undefined;
       // The last deadline seen while the lease was vouched for: a lease
       // that ends before it cannot have lost its entry to expiry.
       let vouched = lease.deadline;
@@ -1026,6 +1055,19 @@ async function run(a: Args): Promise<number> {
       };
       lease.signal.addEventListener("abort", onLost, { once: true });
       let code = await exited;
+      // Ended by a signal we did not send: the watchdog may have stopped it
+      // at the lease's deadline a moment before our own timer saw it pass
+      // (timers may fire a millisecond early). It says so on its stdout
+      // before it signals, so its word is on the way if it did.
+      if (
+        stopped === undefined && forwarded === undefined && code > 128 &&
+        await watchdog.stopping(WATCHDOG_WORD_MS)
+      ) {
+        stopped = "deadline";
+        say(
+          `lost '${lease.key}': its deadline passed; the watchdog stopped the command`,
+        );
+      }
       const own = stopped === undefined ? code : undefined;
       lease.signal.removeEventListener("abort", onLost);
       // What it started may outlive it: stop the rest of its group (and
@@ -1043,7 +1085,7 @@ async function run(a: Args): Promise<number> {
       // The watchdog may have stopped the command at the deadline a moment
       // before our own abort handler ran: the lease ended either way.
       if (
-        stopped === "lost" ||
+        stopped === "lost" || stopped === "deadline" ||
         (forwarded === undefined && stopped === undefined &&
           (lease.signal.aborted || performance.now() >= lease.deadline))
       ) {

@@ -636,6 +636,11 @@ describe("the lease command", () => {
     } finally {
       process.kill(a.child.pid!, "SIGCONT");
     }
+    // Resumed past its deadline, lease says the lease was lost, whether its
+    // own timer or the watchdog's word tells it first.
+    const aCode = await a.exited;
+    assert.equal(aCode, 75, `exit ${aCode}: ${a.err()}`);
+    assert.match(a.err(), /lost '/);
   });
 
   test("lease release --node evicts the holder: its command gets SIGTERM, then SIGKILL when it ignores it; lease exits 75", async () => {
@@ -779,7 +784,8 @@ describe("the lease command", () => {
     await until(() => stamps(file).length >= 1, 10_000, "a's command");
     const t0 = Date.now();
     await own.kill();
-    assert.equal(await a.exited, 75, a.err());
+    const aCode = await a.exited;
+    assert.equal(aCode, 75, `exit ${aCode}: ${a.err()}`);
     const stopped = a.at() - t0;
     console.log(
       `  [figures] server killed to lease exit: ${stopped} ms (TTL ${TTL})`,

@@ -75,6 +75,9 @@ function stop(): void {
     void end(); // already gone
     return;
   }
+  // Said before the signal, so that `lease` can tell our stop from the
+  // command's own exit even if our timer ran a hair before its own.
+  process.stdout.write("stopping\n");
   kill("SIGTERM");
   const killAt = performance.now() + killAfter;
   const poll = setInterval(() => {
