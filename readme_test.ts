@@ -274,7 +274,12 @@ describe("the README's and docs' code blocks, run as written", () => {
       "leader-app",
       "leader-run",
       "cron",
+      "cron-n",
       "cli-two-runs",
+      "semaphore-app",
+      "semaphore-run",
+      "shards-app",
+      "shards-run",
       "fenced",
       "edge-server",
       "edge-app",
@@ -515,6 +520,79 @@ describe("the README's and docs' code blocks, run as written", () => {
   );
 
   test(
+    "docs/api.md's semaphore: four copies of builders.js, at most two at once, each in slot 0 or 1",
+    { timeout: 60_000 },
+    async () => {
+      assert.equal(installed.code, 0, installed.stderr);
+      fs.writeFileSync(
+        path.join(qs, "builders.js"),
+        local(block("semaphore-app")),
+      );
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("semaphore-run"))],
+        qs,
+        env,
+      );
+      assert.equal(r.code, 0, `exit ${r.code}\n${r.stdout}\n${r.stderr}`);
+      const lines = r.stdout.trim().split("\n");
+      assert.equal(lines.length, 4, r.stdout + r.stderr);
+      for (const line of lines) {
+        assert.match(line, /^node-\w+ builds in slot [01] under epoch \d+$/);
+      }
+      // Two rounds of 1 s work: with at most two at once, at least 2 s.
+      assert.ok(r.ms > 2_000, `${r.ms} ms: more than two built at once`);
+      console.log(
+        `  [figures] semaphore block under ${nodeSeen}: 4 builds, limit 2, ${
+          Math.round(r.ms)
+        } ms in all`,
+      );
+    },
+  );
+
+  test(
+    "the README's shards: the first worker owns all eight, shares four with the second while it is there, and owns all eight again after it leaves",
+    { timeout: 60_000 },
+    async () => {
+      assert.equal(installed.code, 0, installed.stderr);
+      fs.writeFileSync(path.join(qs, "worker.js"), local(block("shards-app")));
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("shards-run"))],
+        qs,
+        env,
+      );
+      assert.equal(r.code, 0, `exit ${r.code}\n${r.stdout}\n${r.stderr}`);
+      const seen = r.stdout.trim().split("\n").map((line) => {
+        const m = /^(node-\w+) owns \[([\d,]*)\] of (\d+)$/.exec(line);
+        assert.ok(m, `unexpected line: ${line}\n${r.stdout}`);
+        return {
+          node: m[1]!,
+          owned: m[2] === "" ? [] : m[2]!.split(",").map(Number),
+          members: Number(m[3]),
+        };
+      });
+      const first = seen[0]!.node;
+      const mine = seen.filter((a) => a.node === first);
+      const all = "0,1,2,3,4,5,6,7";
+      // Its first assignment may come before it took any shard.
+      assert.equal(
+        mine.find((a) => a.owned.length > 0)?.owned.join(","),
+        all,
+        r.stdout,
+      );
+      assert.ok(
+        mine.some((a) => a.members === 2 && a.owned.length === 4),
+        `the first never shared four:\n${r.stdout}`,
+      );
+      assert.equal(mine.at(-1)!.owned.join(","), all, r.stdout);
+      assert.equal(mine.at(-1)!.members, 1, r.stdout);
+      const other = seen.filter((a) => a.node !== first);
+      assert.ok(other.some((a) => a.owned.length === 4), r.stdout);
+    },
+  );
+
+  test(
     "lease run: the README's cron line, and the two runs of docs/cli.md, the second waiting for the first",
     {
       timeout: 90_000,
@@ -537,6 +615,17 @@ describe("the README's and docs' code blocks, run as written", () => {
         fs.readFileSync(path.join(dir, "nightly-report.log"), "utf8"),
         /^report by \S+, epoch \d+\n$/,
       );
+      const n = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("cron-n"))],
+        dir,
+        nats,
+      );
+      assert.equal(n.code, 0, `${n.stdout}\n${n.stderr}`);
+      const slots = [...n.stdout.matchAll(/^slot ([01]), epoch \d+$/gm)];
+      assert.equal(slots.length, 3, n.stdout + n.stderr);
+      // Three 1 s runs in two slots: the third waited for a slot.
+      assert.ok(n.ms > 2_000, `${n.ms} ms: more than two ran at once`);
       const two = await run(
         "bash",
         ["-euo", "pipefail", "-c", local(block("cli-two-runs"))],
