@@ -393,10 +393,13 @@ done
 # skipped it.
 if [[ -s "$logdir/skipped.tsv" ]]; then
   echo "skipped tests (docs/testing.md says why each kind is skipped):"
+  # A run named once per test, though bun prints a skipped test twice.
   awk -F '\t' '
+    (($3, $1, $2) in seen) { next }
+    { seen[$3, $1, $2] = 1 }
+    $4 != "" { why[$3] = $4 }
     !($3 in runs) { order[++n] = $3; runs[$3] = $1 " " $2; next }
     { runs[$3] = runs[$3] ", " $1 " " $2 }
-    $4 != "" { why[$3] = $4 }
     END {
       for (i = 1; i <= n; i++) {
         k = order[i]
