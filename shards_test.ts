@@ -13,6 +13,7 @@ import { spawn } from "node:child_process";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
   assignShards,
@@ -418,6 +419,63 @@ describe("shards on a real server", () => {
       "no consumers",
     );
     assert.deepEqual(await a.leases.close(), { released: [], unreleased: [] });
+  });
+
+  test("shards() takes a shard back under a new lease after its key was deleted behind its back, reporting it removed and added, the other shards untouched", async () => {
+    const bucket = uniq("shl");
+    const store = new FencedStore();
+    const a = await member("a", bucket, "jobs", store);
+    try {
+      await eventually(
+        () => a.latest()?.owned.size === COUNT,
+        10 * TTL,
+        "a owns every shard",
+      );
+      const before = a.latest()!;
+      const lost = before.owned.get(3)!;
+      const others = [...before.owned].filter(([s]) => s !== 3);
+      const seenBefore = a.seen.length;
+      // An operator's delete of one shard's key: the owner's next renewal
+      // finds the entry gone, so that tenure ends.
+      const kv = await new Kvm(admin).open(bucket);
+      const t0 = performance.now();
+      await kv.delete(shardKey("jobs", 3));
+      await eventually(() => lost.signal.aborted, 3 * TTL, "the lost signal");
+      const lostAfter = performance.now() - t0;
+      // Still its target, a takes it again: after the grace, since the
+      // delete is not its own clean release.
+      await eventually(
+        () => {
+          const l = a.latest()!.owned.get(3);
+          return l !== undefined && l !== lost;
+        },
+        10 * TTL,
+        "shard 3 taken again",
+      );
+      const takenAfter = performance.now() - t0;
+      const again = a.latest()!.owned.get(3)!;
+      assert.ok(again.epoch > lost.epoch, `${again.epoch} > ${lost.epoch}`);
+      assert.notEqual(again.tenure, lost.tenure);
+      assert.equal(again.signal.aborted, false);
+      const since = a.seen.slice(seenBefore);
+      assert.ok(since.some((x) => x.removed.includes(3)), "3 removed");
+      assert.ok(since.some((x) => x.added.includes(3)), "3 added");
+      // No other shard moved: same lease objects, none aborted.
+      for (const [s, l] of others) {
+        assert.equal(a.latest()!.owned.get(s), l, `shard ${s} kept`);
+        assert.equal(l.signal.aborted, false, `shard ${s} not lost`);
+        assert.ok(!since.some((x) => x.removed.includes(s)), `${s} removed`);
+      }
+      await sleep(100);
+      assert.deepEqual(store.violations, []);
+      report("a shard's key deleted", {
+        lost: lostAfter,
+        takenAgain: takenAfter,
+      });
+    } finally {
+      a.stop.abort();
+      await a.done;
+    }
   });
 
   test("shards() ends when the manager closes, and an aborted signal ends it at once", async () => {
