@@ -1394,6 +1394,17 @@ function bucketFailure(a: Args, err: unknown): unknown {
   return err;
 }
 
+/**
+ * Writes to stdout and resolves once it is handed on: `main()`'s caller
+ * exits the process at once, which would cut a long listing short on a
+ * pipe (Node writes to pipes asynchronously).
+ */
+function print(text: string): Promise<void> {
+  return new Promise((resolve, reject) =>
+    process.stdout.write(text, (err) => err ? reject(err) : resolve())
+  );
+}
+
 /** A duration for the table: `850ms`, `12.3s`, `4m05s`. */
 function ago(ms: number): string {
   const sign = ms < 0 ? "-" : "";
@@ -1415,7 +1426,7 @@ async function ls(a: Args): Promise<number> {
       throw bucketFailure(a, err);
     }
     if (a.json) {
-      process.stdout.write(
+      await print(
         rows.map((r) =>
           JSON.stringify({
             key: r.key,
@@ -1445,7 +1456,7 @@ async function ls(a: Args): Promise<number> {
     const widths = table[0]!.map((_, i) =>
       Math.max(...table.map((row) => row[i]!.length))
     );
-    process.stdout.write(
+    await print(
       table.map((row) =>
         row.map((c, i) => i === row.length - 1 ? c : c.padEnd(widths[i]!))
           .join("  ").trimEnd() + "\n"
