@@ -24,6 +24,7 @@ import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
+import { type KeyRow, type KeysWatch, listKeys, watchKeys } from "./cli_ls.ts";
 import {
   cgroupProcs,
   makeCgroup,
@@ -108,8 +109,15 @@ export const EXIT: {
 /** How long `lease release` keeps trying while the holder keeps renewing. */
 const RELEASE_BOUND_MS = 5_000;
 
-type Sub = "run" | "holder" | "watch" | "release" | "shards";
-const SUBS: readonly Sub[] = ["run", "holder", "watch", "release", "shards"];
+type Sub = "run" | "holder" | "watch" | "ls" | "release" | "shards";
+const SUBS: readonly Sub[] = [
+  "run",
+  "holder",
+  "watch",
+  "ls",
+  "release",
+  "shards",
+];
 
 function isSub(word: string | undefined): word is Sub {
   return (SUBS as readonly (string | undefined)[]).includes(word);
@@ -200,6 +208,23 @@ const OPTIONS: readonly Opt[] = [
     text: 'print {"key":..,"holder":{"node":..,"epoch":..}|null} lines',
   },
   {
+    flag: "--prefix",
+    arg: "P",
+    subs: ["watch", "ls"],
+    text: "only the keys below P (P.<anything>)",
+  },
+  {
+    flag: "--all",
+    subs: ["watch"],
+    text: "every key of the bucket, instead of KEY",
+  },
+  {
+    flag: "--json",
+    subs: ["ls"],
+    text: 'print one {"key":..,"holder":..,"epoch":..,"revision":..,\n' +
+      '"renewedAgoMs":..,"expiresInMs":..,"state":..} line per key',
+  },
+  {
     flag: "--count",
     arg: "N",
     subs: ["shards"],
@@ -272,7 +297,22 @@ a hint that a lagging replica may serve late.`,
     summary: "print every change of holder",
     about:
       `Prints the holder of KEY, then a line for every change (new holder, release,
-expiry), until interrupted.`,
+expiry), until interrupted. With --prefix P (the keys below P) or --all (the
+whole bucket), one line per key first, then one per change of any of them,
+with why a key is free: "KEY: none (released|expired|removed)". Renewals are
+not changes.`,
+  },
+  ls: {
+    summary: "list the keys, their holders and states",
+    about:
+      `Lists every key of the bucket (or those below --prefix P) in one pass over
+the bucket's stream: its holder and epoch, how long ago its entry was written
+(its last renewal, by the server's timestamp), the time left before the TTL,
+and its state: held; released (a lease manager's clean release); expired (an
+entry past the TTL still shown, or the server's expiry marker); removed (a
+delete or purge by anyone else, such as lease release). Keys whose entry
+expired without a marker (servers before 2.11, or buckets without markers)
+are gone from the bucket and not listed. A read: hints.`,
   },
   shards: {
     summary: "print the members and each shard's owner",
@@ -312,6 +352,9 @@ function optionTable(opts: readonly Opt[]): string {
   ).join("\n");
 }
 
+/** The options `lease watch` takes in place of KEY. */
+const ALT_FLAGS: readonly string[] = ["--prefix", "--all"];
+
 /**
  * A subcommand's synopsis. `brief`, for the general usage, leaves out what
  * every subcommand takes and folds two or more options into "[options]".
@@ -321,12 +364,20 @@ function synopsis(sub: Sub, brief: boolean): string {
     o.subs.includes(sub) && o.flag !== "--help"
   );
   const optional = opts.filter((o) =>
-    !o.required && !(brief && o.subs.length === SUBS.length)
+    !o.required && !(brief && o.subs.length === SUBS.length) &&
+    !(sub === "watch" && ALT_FLAGS.includes(o.flag))
   );
+  // `watch` takes KEY, or --prefix or --all in its place; `ls` no KEY.
+  const alt = (o: Opt) => sub === "watch" && ALT_FLAGS.includes(o.flag);
   return [
     "lease",
     sub,
-    sub === "shards" ? "GROUP" : "KEY",
+    ...(sub === "ls" ? [] : [
+      [
+        sub === "shards" ? "GROUP" : "KEY",
+        ...opts.filter(alt).map(optionWords),
+      ].join("|"),
+    ]),
     ...opts.filter((o) => o.required).map(optionWords),
     ...(brief && optional.length > 1
       ? ["[options]"]
@@ -419,6 +470,10 @@ interface Args {
   lostStatus: number;
   contain: boolean;
   json: boolean;
+  /** `--prefix P` of `ls` and `watch`. */
+  prefix?: string;
+  /** `watch --all`. */
+  all: boolean;
   help: boolean;
   command: string[];
   limit?: number;
@@ -464,6 +519,7 @@ function parse(argv: string[]): Args {
     lostStatus: EXIT.LOST,
     contain: false,
     json: false,
+    all: false,
     help: false,
     command,
   };
@@ -515,6 +571,24 @@ function parse(argv: string[]): Args {
       case "--json":
         a.json = true;
         break;
+      case "--all":
+        a.all = true;
+        break;
+      case "--prefix": {
+        const v = value();
+        if (!KEY_RE.test(v)) {
+          const stem = /^(.*?)\.?[>*]$/.exec(v)?.[1];
+          throw fail(
+            `invalid --prefix ${JSON.stringify(v)}: ${
+              stem !== undefined && KEY_RE.test(stem)
+                ? `a key, not a pattern (the keys below it are listed): --prefix ${stem}`
+                : "a key (letters, digits, '-', '_', '/', '=' in '.'-separated tokens); the keys below it are listed"
+            }`,
+          );
+        }
+        a.prefix = v;
+        break;
+      }
       case "--contain":
         a.contain = true;
         break;
@@ -593,10 +667,38 @@ function parse(argv: string[]): Args {
     !OPTIONS.some((o) => o.flag === f && o.subs.includes(sub))
   );
   if (other !== undefined) throw fail(`lease ${sub} has no option ${other}`);
+  if ((sub === "ls" || a.prefix !== undefined || a.all) && dash >= 0) {
+    throw fail(`lease ${sub} takes no command`);
+  }
+  if (sub === "ls") {
+    if (rest.length > 1) {
+      throw fail(
+        `lease ls takes no KEY (--prefix P lists the keys below P): received ${
+          rest.slice(1).join(" ")
+        }`,
+      );
+    }
+    return a;
+  }
+  if (sub === "watch" && (a.prefix !== undefined || a.all)) {
+    if (a.prefix !== undefined && a.all) {
+      throw fail("lease watch takes --prefix or --all, not both");
+    }
+    if (rest.length > 1) {
+      throw fail(
+        `lease watch takes KEY or ${
+          a.all ? "--all" : "--prefix"
+        }, not both: received ${rest.slice(1).join(" ")}`,
+      );
+    }
+    return a;
+  }
   if (rest.length !== 2) {
     throw fail(
       rest.length < 2
-        ? `lease ${sub} needs a KEY`
+        ? `lease ${sub} needs a KEY${
+          sub === "watch" ? " (or --prefix P, or --all)" : ""
+        }`
         : `lease ${sub} takes one KEY: received ${rest.slice(1).join(" ")}`,
     );
   }
@@ -1283,6 +1385,133 @@ async function watch(a: Args): Promise<number> {
   }
 }
 
+/** A bucket's refusal, worded for the command line. */
+function bucketFailure(a: Args, err: unknown): unknown {
+  if (isStreamNotFound(err)) return noBucket(a);
+  if (err instanceof JetStreamApiError) {
+    return new UnavailableError(a.key, err.message, { cause: err });
+  }
+  return err;
+}
+
+/**
+ * Writes to stdout and resolves once it is handed on: `main()`'s caller
+ * exits the process at once, which would cut a long listing short on a
+ * pipe (Node writes to pipes asynchronously).
+ */
+function print(text: string): Promise<void> {
+  return new Promise((resolve, reject) =>
+    process.stdout.write(text, (err) => err ? reject(err) : resolve())
+  );
+}
+
+/** A duration for the table: `850ms`, `12.3s`, `4m05s`. */
+function ago(ms: number): string {
+  const sign = ms < 0 ? "-" : "";
+  const v = Math.abs(ms);
+  if (v < 1_000) return `${sign}${v}ms`;
+  if (v < 60_000) return `${sign}${(v / 1_000).toFixed(1)}s`;
+  const s = Math.floor(v / 1_000);
+  return `${sign}${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
+}
+
+/** `lease ls`: every key (below --prefix), one pass over the stream. */
+async function ls(a: Args): Promise<number> {
+  const nc = await dial(a);
+  try {
+    let rows: KeyRow[];
+    try {
+      rows = await listKeys(nc, a.bucket, a.prefix);
+    } catch (err) {
+      throw bucketFailure(a, err);
+    }
+    if (a.json) {
+      await print(
+        rows.map((r) =>
+          JSON.stringify({
+            key: r.key,
+            holder: r.holder,
+            epoch: r.epoch,
+            revision: r.revision,
+            renewedAgoMs: r.renewedAgoMs,
+            expiresInMs: r.expiresInMs,
+            state: r.state,
+          }) + "\n"
+        ).join(""),
+      );
+      return 0;
+    }
+    const table = [
+      ["KEY", "STATE", "HOLDER", "EPOCH", "REVISION", "RENEWED", "EXPIRES IN"],
+      ...rows.map((r) => [
+        r.key,
+        r.state,
+        r.holder ?? "-",
+        r.epoch === null ? "-" : String(r.epoch),
+        String(r.revision),
+        `${ago(r.renewedAgoMs)} ago`,
+        r.expiresInMs === null || r.expiresInMs <= 0 ? "-" : ago(r.expiresInMs),
+      ]),
+    ];
+    const widths = table[0]!.map((_, i) =>
+      Math.max(...table.map((row) => row[i]!.length))
+    );
+    await print(
+      table.map((row) =>
+        row.map((c, i) => i === row.length - 1 ? c : c.padEnd(widths[i]!))
+          .join("  ").trimEnd() + "\n"
+      ).join(""),
+    );
+    return 0;
+  } finally {
+    await nc.close();
+  }
+}
+
+/** `lease watch --prefix P` / `--all`: a line per key, then per change. */
+async function watchMany(a: Args): Promise<number> {
+  const nc = await dial(a);
+  const stop = new AbortController();
+  const onSig = () => stop.abort();
+  process.on("SIGINT", onSig);
+  process.on("SIGTERM", onSig);
+  try {
+    let w: KeysWatch;
+    try {
+      w = await watchKeys(nc, a.bucket, a.prefix, (r) => {
+        const holder = r.state === "held"
+          ? { node: r.holder!, epoch: r.epoch! }
+          : null;
+        process.stdout.write(
+          (a.json
+            ? JSON.stringify({
+              key: r.key,
+              holder,
+              state: r.state,
+              revision: r.revision,
+            })
+            : holder === null
+            ? `${r.key}: none (${r.state})`
+            : `${r.key}: ${holder.node} epoch ${holder.epoch}`) + "\n",
+        );
+      });
+    } catch (err) {
+      throw bucketFailure(a, err);
+    }
+    if (!stop.signal.aborted) {
+      await new Promise((r) =>
+        stop.signal.addEventListener("abort", r, { once: true })
+      );
+    }
+    await w.stop();
+    return 0;
+  } finally {
+    process.off("SIGINT", onSig);
+    process.off("SIGTERM", onSig);
+    await nc.close();
+  }
+}
+
 /** `lease shards`: the members, then each shard's holder and target. */
 async function shardsView(a: Args): Promise<number> {
   const { nc, leases } = await open(a, {
@@ -1435,7 +1664,11 @@ export async function main(argv: string[]): Promise<number> {
       case "holder":
         return await holder(a);
       case "watch":
-        return await watch(a);
+        return a.prefix !== undefined || a.all
+          ? await watchMany(a)
+          : await watch(a);
+      case "ls":
+        return await ls(a);
       case "shards":
         return await shardsView(a);
       default:

@@ -1,0 +1,373 @@
+/**
+ * `lease ls` and the prefix/bucket-wide `lease watch`: every key's last
+ * entry in one pass of a consumer over the bucket's stream (last message
+ * per subject), never one read per key. Used by cli.ts.
+ *
+ * A KV `watch()` would hide the headers that tell a lease manager's clean
+ * release (a delete tagged with its `Nats-Msg-Id`) from anyone else's delete,
+ * and a server's expiry marker (`Nats-Marker-Reason`) from a purge; so this
+ * reads the stream's messages with their headers, as lease.ts does.
+ *
+ * @module
+ */
+
+import type { MsgHdrs, NatsConnection } from "@nats-io/nats-core";
+import { nanos } from "@nats-io/nats-core";
+import {
+  AckPolicy,
+  type Consumer,
+  type ConsumerMessages,
+  DeliverPolicy,
+  jetstream,
+  type JetStreamManager,
+  jetstreamManager,
+  type JsMsg,
+} from "@nats-io/jetstream";
+
+/**
+ * What a key's last entry says:
+ * - `held`: a holder's entry, renewed less than a TTL ago;
+ * - `released`: a lease manager's clean release (a delete it tagged);
+ * - `expired`: a holder's entry a TTL or more old that the server still
+ *   shows (expiry is late), or the server's `MaxAge` expiry marker;
+ * - `removed`: any other delete or purge (`lease release`, `kv.delete`,
+ *   `kv.purge`), or a server marker of another reason.
+ */
+export type KeyState = "held" | "released" | "expired" | "removed";
+
+/** One key of the bucket, as `lease ls` prints it. */
+export interface KeyRow {
+  /** The key (without the bucket's subject prefix). */
+  readonly key: string;
+  /** What its last entry says. */
+  readonly state: KeyState;
+  /** The holder's node id (`held` and a holder's `expired` entry), else null. */
+  readonly holder: string | null;
+  /** The holder's fencing epoch (as `lease holder` prints it), else null. */
+  readonly epoch: number | null;
+  /** The KV revision of the last entry (a renewal moves it, not the epoch). */
+  readonly revision: number;
+  /** Milliseconds since the server stored the last entry (its last renewal). */
+  readonly renewedAgoMs: number;
+  /**
+   * Milliseconds until a holder's entry reaches the bucket's TTL (negative
+   * once past it); null for a marker or a bucket without a TTL.
+   */
+  readonly expiresInMs: number | null;
+}
+
+/** The tag of a lease manager's writes: `lease:<instance>:<epoch>:<counter>`. */
+const TAG_RE = /^lease:([^:]+):(\d+):(\d+)$/;
+
+const decoder = new TextDecoder();
+
+/** The bucket's stream name. */
+function streamOf(bucket: string): string {
+  return `KV_${bucket}`;
+}
+
+/**
+ * Reads a key's last message into a row, as lease.ts reads an entry (its
+ * `toSeen`): the same headers, the same epoch.
+ *
+ * @param key The key.
+ * @param m The message: its revision, headers, body and server timestamp (ms).
+ * @param now The server's time now, in ms since the epoch.
+ * @param ttl The bucket's TTL in ms (0: none).
+ * @returns The row.
+ */
+export function rowOf(
+  key: string,
+  m: {
+    readonly seq: number;
+    readonly headers: MsgHdrs | undefined;
+    readonly data: Uint8Array;
+    readonly time: number;
+  },
+  now: number,
+  ttl: number,
+): KeyRow {
+  const h = m.headers;
+  const op = h?.get("KV-Operation") ?? "";
+  const marker = h?.get("Nats-Marker-Reason") ?? "";
+  const tag = TAG_RE.exec(h?.get("Nats-Msg-Id") ?? "");
+  const age = Math.max(0, now - m.time);
+  const base = { key, revision: m.seq, renewedAgoMs: Math.round(age) };
+  const none = { ...base, holder: null, epoch: null, expiresInMs: null };
+  if (marker !== "") {
+    return { ...none, state: marker === "MaxAge" ? "expired" : "removed" };
+  }
+  if (op === "DEL") return { ...none, state: tag ? "released" : "removed" };
+  if (op === "PURGE") return { ...none, state: "removed" };
+  const tagged = tag ? Number(tag[2]) : 0;
+  const left = ttl > 0 ? Math.round(ttl - age) : null;
+  return {
+    ...base,
+    state: left !== null && left <= 0 ? "expired" : "held",
+    holder: decoder.decode(m.data),
+    epoch: tagged > 0 ? tagged : m.seq,
+    expiresInMs: left,
+  };
+}
+
+/** The bucket's TTL, and the server's clock as far as it tells it. */
+export interface BucketView {
+  /** The stream of the bucket. */
+  readonly stream: string;
+  /** The bucket's TTL (its max age) in ms; 0 when it has none. */
+  readonly ttl: number;
+  /**
+   * The server's time now, in ms since the epoch: the time its stream info
+   * reported (servers 2.10 and later) moved on by the monotonic clock, else
+   * this machine's clock.
+   */
+  now(): number;
+}
+
+/**
+ * Reads the bucket's stream info: its TTL and the server's clock.
+ *
+ * @param jsm The JetStream manager.
+ * @param bucket The bucket.
+ * @returns What `lease ls` needs of it.
+ * @throws {JetStreamApiError} The stream does not exist (code 10059), or another refusal.
+ */
+export async function viewBucket(
+  jsm: JetStreamManager,
+  bucket: string,
+): Promise<BucketView> {
+  const stream = streamOf(bucket);
+  const t0 = performance.now();
+  const si = await jsm.streams.info(stream);
+  const t1 = performance.now();
+  const ts = Date.parse((si as { ts?: string }).ts ?? "");
+  // The server stamped its answer somewhere in the round trip: its middle.
+  const offset = Number.isFinite(ts) ? ts - (t0 + t1) / 2 : undefined;
+  return {
+    stream,
+    ttl: Math.round(si.config.max_age / 1_000_000),
+    now: () => offset === undefined ? Date.now() : offset + performance.now(),
+  };
+}
+
+function msgOf(m: JsMsg) {
+  return {
+    seq: m.seq,
+    headers: m.headers,
+    data: m.data,
+    time: Math.floor(Number(m.info.timestampNanos) / 1_000_000),
+  };
+}
+
+/** The stream subject filter for `prefix` (every key when undefined). */
+function filterOf(bucket: string, prefix: string | undefined): string {
+  return prefix === undefined ? `$KV.${bucket}.>` : `$KV.${bucket}.${prefix}.>`;
+}
+
+/** How long a listing may go without a message before it gives up. */
+const STALL_MS = 5_000;
+
+/**
+ * Lists every key of the bucket below `prefix` (`prefix.<anything>`; every
+ * key when undefined), sorted: one ephemeral consumer that delivers the
+ * last message of each subject, read until it reports nothing pending, then
+ * deleted.
+ *
+ * @param nc The connection.
+ * @param bucket The bucket.
+ * @param prefix A valid key, or undefined for the whole bucket.
+ * @returns The rows, sorted by key.
+ * @throws {JetStreamApiError} The bucket does not exist (code 10059), or another refusal.
+ * @throws {Error} The server went quiet for 5 s in the middle of the listing.
+ */
+export async function listKeys(
+  nc: NatsConnection,
+  bucket: string,
+  prefix: string | undefined,
+): Promise<KeyRow[]> {
+  const jsm = await jetstreamManager(nc);
+  const view = await viewBucket(jsm, bucket);
+  const ci = await jsm.consumers.add(view.stream, {
+    ack_policy: AckPolicy.None,
+    deliver_policy: DeliverPolicy.LastPerSubject,
+    filter_subject: filterOf(bucket, prefix),
+    mem_storage: true,
+    inactive_threshold: nanos(30_000),
+  });
+  const skip = `$KV.${bucket}.`.length;
+  const last = new Map<string, ReturnType<typeof msgOf>>();
+  try {
+    if (ci.num_pending > 0) {
+      const c = await jetstream(nc).consumers.get(view.stream, ci.name);
+      const msgs = await c.consume({ max_messages: 1_000 });
+      let stalled = false;
+      let timer = setTimeout(() => {
+        stalled = true;
+        msgs.stop();
+      }, STALL_MS);
+      try {
+        for await (const m of msgs) {
+          clearTimeout(timer);
+          timer = setTimeout(() => {
+            stalled = true;
+            msgs.stop();
+          }, STALL_MS);
+          // A key written while we read comes again: the later one wins.
+          last.set(m.subject.slice(skip), msgOf(m));
+          if (m.info.pending === 0) break;
+        }
+      } finally {
+        clearTimeout(timer);
+        msgs.stop();
+      }
+      if (stalled) {
+        throw new Error(
+          `the server sent nothing for ${STALL_MS} ms while listing '${bucket}'`,
+        );
+      }
+    }
+  } finally {
+    await jsm.consumers.delete(view.stream, ci.name).catch(() => {});
+  }
+  const now = view.now();
+  return [...last].sort(([a], [b]) => a < b ? -1 : a > b ? 1 : 0)
+    .map(([key, m]) => rowOf(key, m, now, view.ttl));
+}
+
+/** A bucket-wide (or prefix) watch; see {@linkcode watchKeys}. */
+export interface KeysWatch {
+  /** Stops the watch and deletes what it opened on the server. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Watches every key below `prefix` (the whole bucket when undefined):
+ * calls `onChange` with each key's current state, then once per change of
+ * holder (a new holder or tenure, a release, a delete, an expiry);
+ * renewals are not changes. An expiry is reported when a held entry
+ * reaches the TTL unrenewed (by the server's timestamp), whether or not
+ * the server writes a marker (2.9 and 2.10 write none). Follows the stream
+ * with an ordered consumer from the last message of each subject; when
+ * nats.js recreates that consumer (a reconnect, a gap) it starts a fresh
+ * one, and the per-key state makes the replay print nothing twice.
+ *
+ * @param nc The connection.
+ * @param bucket The bucket.
+ * @param prefix A valid key, or undefined for the whole bucket.
+ * @param onChange Called for each change.
+ * @returns The watch, to stop.
+ * @throws {JetStreamApiError} The bucket does not exist (code 10059), or another refusal.
+ */
+export async function watchKeys(
+  nc: NatsConnection,
+  bucket: string,
+  prefix: string | undefined,
+  onChange: (row: KeyRow) => void,
+): Promise<KeysWatch> {
+  const jsm = await jetstreamManager(nc);
+  const view = await viewBucket(jsm, bucket);
+  const js = jetstream(nc);
+  const skip = `$KV.${bucket}.`.length;
+  /** Per key: who it is held by (`node#epoch`, or "" for nobody), the entry, its expiry timer. */
+  const keys = new Map<
+    string,
+    {
+      who: string;
+      seq: number;
+      timer?: ReturnType<typeof setTimeout> | undefined;
+    }
+  >();
+  let stopped = false;
+  let consumer: Consumer | undefined;
+  let messages: ConsumerMessages | undefined;
+  let wake: (() => void) | undefined;
+  let backoff: ReturnType<typeof setTimeout> | undefined;
+
+  const show = (row: KeyRow): void => {
+    const k = keys.get(row.key) ?? { who: "", seq: 0 };
+    if (row.revision < k.seq) return;
+    clearTimeout(k.timer);
+    k.timer = undefined;
+    k.seq = row.revision;
+    const who = row.state === "held" ? `${row.holder}#${row.epoch}` : "";
+    const first = !keys.has(row.key);
+    keys.set(row.key, k);
+    if (first || who !== k.who) {
+      k.who = who;
+      onChange(row);
+    }
+    if (row.state === "held" && row.expiresInMs !== null) {
+      // No event comes for an expiry without a marker: time it ourselves.
+      const seq = row.revision;
+      k.timer = setTimeout(() => {
+        if (stopped || k.seq !== seq) return;
+        k.timer = undefined;
+        if (k.who === "") return;
+        k.who = "";
+        onChange({
+          ...row,
+          state: "expired",
+          renewedAgoMs: row.renewedAgoMs + row.expiresInMs!,
+          expiresInMs: 0,
+        });
+      }, row.expiresInMs + 1);
+    }
+  };
+
+  const drop = async (): Promise<void> => {
+    const c = consumer;
+    consumer = undefined;
+    // An ordered consumer left behind lingers on the server for minutes.
+    await c?.delete().catch(() => {});
+  };
+
+  const loop = async (): Promise<void> => {
+    for (let fails = 0; !stopped && !nc.isClosed();) {
+      try {
+        consumer = await js.consumers.get(view.stream, {
+          filter_subjects: filterOf(bucket, prefix),
+          deliver_policy: DeliverPolicy.LastPerSubject,
+        });
+        if (stopped) break;
+        const msgs = messages = await consumer.consume({
+          max_messages: 1_000,
+        });
+        if (stopped) msgs.stop();
+        void (async () => {
+          for await (const s of msgs.status()) {
+            // See lease.ts watchSubject: a recreated ordered consumer may
+            // go quiet; start a fresh one from the last messages instead.
+            if (s.type === "ordered_consumer_recreated") {
+              msgs.stop();
+              return;
+            }
+          }
+        })().catch(() => {});
+        for await (const m of msgs) {
+          fails = 0;
+          show(rowOf(m.subject.slice(skip), msgOf(m), view.now(), view.ttl));
+        }
+      } catch {
+        fails++;
+      }
+      await drop();
+      if (stopped || nc.isClosed()) break;
+      await new Promise<void>((resolve) => {
+        wake = resolve;
+        backoff = setTimeout(resolve, Math.min(100 * 2 ** fails, 5_000));
+      });
+    }
+  };
+  const done = loop();
+  return {
+    async stop(): Promise<void> {
+      stopped = true;
+      clearTimeout(backoff);
+      wake?.();
+      for (const k of keys.values()) clearTimeout(k.timer);
+      messages?.stop();
+      await done;
+      await drop();
+    },
+  };
+}

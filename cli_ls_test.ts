@@ -1,0 +1,299 @@
+// Tests of `lease ls` and `lease watch --prefix/--all` (cli.ts, cli_ls.ts)
+// as users run them: real processes of this test's runtime (`deno run -A
+// cli.ts`, `bun cli.ts`, `node cli.ts`) against a real nats-server.
+// Runs under `deno test -A`, `bun test` and `node --test`.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { type ChildProcess, spawn } from "node:child_process";
+import process from "node:process";
+import { fileURLToPath } from "node:url";
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import { createLeaseManager, type LeaseManager } from "./mod.ts";
+import { listKeys, rowOf } from "./cli_ls.ts";
+import { NatsServer } from "./test_util/nats_server.ts";
+import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
+
+const CLI = fileURLToPath(new URL("./cli.ts", import.meta.url));
+const TTL = 2000;
+
+interface Run {
+  child: ChildProcess;
+  out: () => string;
+  err: () => string;
+  exited: Promise<number>;
+}
+
+const started: Run[] = [];
+
+/** Starts `lease ARGS` under this test's runtime. */
+function lease(args: string[]): Run {
+  const [cmd, pre] = "Deno" in globalThis
+    ? [process.execPath, ["run", "-A", CLI]]
+    : [process.execPath, [CLI]];
+  const all: Record<string, string | undefined> = { ...process.env };
+  delete all.NODE_TEST_CONTEXT;
+  const child = spawn(cmd, [...pre, ...args], {
+    env: all,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  let err = "";
+  child.stdout!.setEncoding("utf8").on("data", (d: string) => out += d);
+  child.stderr!.setEncoding("utf8").on("data", (d: string) => err += d);
+  const exited = new Promise<number>((r) =>
+    child.on("exit", (code) => r(code ?? -1))
+  );
+  const run = { child, out: () => out, err: () => err, exited };
+  started.push(run);
+  return run;
+}
+
+async function until(pred: () => boolean, ms: number, what: string) {
+  const end = performance.now() + ms;
+  while (!pred()) {
+    assert.ok(
+      performance.now() < end,
+      `timed out waiting for ${what}; lease said:\n${
+        started.map((r) => r.out() + r.err()).join("\n").trimEnd()
+      }`,
+    );
+    await sleep(20);
+  }
+}
+
+/** Whether the server writes expiry markers for a bucket a manager creates. */
+function markers(nc: NatsConnection): boolean {
+  const [maj, min, patch] = (nc.info?.version ?? "0.0.0").split(".")
+    .map((s) => parseInt(s));
+  return maj! > 2 || maj === 2 && (min! > 11 || min === 11 && patch! >= 2);
+}
+
+describe("lease ls and lease watch --prefix", () => {
+  let ns: NatsServer;
+  let nc: NatsConnection;
+  let a: LeaseManager;
+  const bucket = uniq("ls");
+  const base = () => ["--servers", ns.url, "--bucket", bucket];
+
+  before(async () => {
+    ns = await NatsServer.start();
+    nc = await connect({ servers: ns.url });
+    a = await createLeaseManager({ nc, node: "a", bucket, ttl: TTL });
+  });
+  after(async () => {
+    for (const r of started) r.child.kill("SIGKILL");
+    await a?.close();
+    await nc?.close();
+    await ns?.[Symbol.asyncDispose]();
+  });
+
+  test("bad input exits 64 before anything is sent", async () => {
+    const nowhere = ["--servers", "127.0.0.1:1"];
+    for (
+      const [args, why] of [
+        [
+          ["ls", "--prefix", "jobs.>"],
+          /--prefix "jobs\.>": a key, not a pattern.*--prefix jobs$/m,
+        ],
+        [["ls", "--prefix", "a b"], /invalid --prefix "a b"/],
+        [["ls", "--prefix="], /invalid --prefix ""/],
+        [["ls", "k"], /lease ls takes no KEY/],
+        [["ls", "--all"], /lease ls has no option --all/],
+        [["watch", "--prefix", "x.*"], /not a pattern/],
+        [["watch", "--prefix", "p", "--all"], /--prefix or --all, not both/],
+        [["watch", "k", "--all"], /KEY or --all, not both/],
+        [["watch"], /needs a KEY \(or --prefix P, or --all\)/],
+      ] as const
+    ) {
+      const r = lease([...args, ...nowhere]);
+      assert.equal(await r.exited, 64, `${args.join(" ")}: ${r.err()}`);
+      assert.match(r.err(), why);
+    }
+    const missing = lease(["ls", "--servers", ns.url, "--bucket", "nope"]);
+    assert.equal(await missing.exited, 69, missing.err());
+    assert.match(missing.err(), /bucket 'nope' does not exist/);
+  });
+
+  test("lease ls shows keys held, released, expired and removed by someone else, --json parses, --prefix filters; lease watch --prefix prints a holder change and a release", async () => {
+    const kv = await new Kvm(nc).open(bucket);
+    const b = await createLeaseManager({ nc, node: "b", bucket });
+    try {
+      // Held from the start: on a server without markers a fresh key owes
+      // a grace of one TTL before a write, and a release inside it is not
+      // clean.
+      await Promise.all(
+        ["s.held", "s.released", "w.k", "other.x"].map((k) =>
+          guardUntil(a, k, () => {}, 3 * TTL)
+        ),
+      );
+      // A holder that never renews: its entry expires one TTL after this.
+      await kv.put("s.expired", "ghost");
+      const ghost = await kv.put("w.ghost", "ghost");
+      const w = lease(["watch", "--prefix", "w", ...base()]);
+      await until(
+        () => w.out().split("\n").length > 2,
+        10_000,
+        "watch's first lines",
+      );
+      await a.release("w.k");
+      await guardUntil(b, "w.k", () => {}, 3 * TTL);
+      await b.release("w.k");
+      // Past the TTL of s.expired (and of w.ghost) and, with markers, the
+      // server's marker written (at most ~250 ms late). Then the release
+      // and the delete, whose markers would expire one TTL later.
+      await sleep(TTL + 400);
+      await a.release("s.released");
+      await kv.put("s.removed", "c");
+      await kv.delete("s.removed");
+
+      const json = lease(["ls", "--json", "--prefix", "s", ...base()]);
+      const table = lease(["ls", ...base()]);
+      assert.equal(await json.exited, 0, json.err());
+      assert.equal(await table.exited, 0, table.err());
+      const rows = json.out().trim().split("\n").map((l) => JSON.parse(l));
+      const byKey = new Map(rows.map((r) => [r.key, r]));
+      const expect = markers(nc)
+        ? ["s.expired", "s.held", "s.released", "s.removed"]
+        : ["s.held", "s.released", "s.removed"]; // no marker: expired = gone
+      assert.deepEqual(rows.map((r) => r.key), expect, json.out());
+      const held = byKey.get("s.held")!;
+      const h = await a.holder("s.held");
+      assert.equal(held.state, "held");
+      assert.equal(held.holder, "a");
+      assert.equal(held.epoch, h!.epoch);
+      assert.ok(held.revision >= held.epoch);
+      assert.ok(held.renewedAgoMs >= 0 && held.renewedAgoMs < TTL, json.out());
+      assert.ok(
+        held.expiresInMs > 0 && held.expiresInMs <= TTL &&
+          Math.abs(held.renewedAgoMs + held.expiresInMs - TTL) <= 1,
+        json.out(),
+      );
+      assert.equal(byKey.get("s.released")!.state, "released");
+      assert.equal(byKey.get("s.released")!.holder, null);
+      assert.equal(byKey.get("s.removed")!.state, "removed");
+      if (markers(nc)) assert.equal(byKey.get("s.expired")!.state, "expired");
+      for (const r of rows) {
+        assert.deepEqual(Object.keys(r).sort(), [
+          "epoch",
+          "expiresInMs",
+          "holder",
+          "key",
+          "renewedAgoMs",
+          "revision",
+          "state",
+        ]);
+      }
+
+      // The table: a header, a line per key of the bucket, aligned.
+      const lines = table.out().trimEnd().split("\n");
+      assert.match(
+        lines[0]!,
+        /^KEY +STATE +HOLDER +EPOCH +REVISION +RENEWED +EXPIRES IN$/,
+      );
+      assert.ok(lines.some((l) => /^other\.x +held +a /.test(l)), table.out());
+      assert.ok(lines.some((l) => /^s\.released +released +- /.test(l)));
+      const col = lines[0]!.indexOf("STATE");
+      for (const l of lines.slice(1)) {
+        assert.match(l.slice(col), /^(held|released|expired|removed) /);
+      }
+
+      // The watch: its prefix only; a new holder, and each release.
+      await until(
+        () =>
+          /w\.k: none \(released\)\n(.|\n)*w\.k: none \(released\)/.test(
+            w.out(),
+          ) &&
+          w.out().includes("w.ghost: none (expired)"),
+        5_000,
+        "the watch's changes",
+      );
+      process.kill(w.child.pid!, "SIGINT");
+      assert.equal(await w.exited, 0, w.err());
+      const seen = w.out().trim().split("\n");
+      const wk = seen.filter((l) => l.startsWith("w.k:"));
+      assert.match(wk[0]!, /^w\.k: a epoch \d+$/);
+      assert.equal(wk[1], "w.k: none (released)");
+      assert.match(wk[2]!, /^w\.k: b epoch \d+$/);
+      assert.equal(wk[3], "w.k: none (released)");
+      assert.equal(wk.length, 4, w.out());
+      assert.deepEqual(seen.filter((l) => l.startsWith("w.ghost")), [
+        `w.ghost: ghost epoch ${ghost}`,
+        "w.ghost: none (expired)",
+      ]);
+      assert.ok(seen.every((l) => l.startsWith("w.")), w.out());
+
+      // Nothing left running on the server: every consumer was deleted.
+      const jsm = await jetstreamManager(nc);
+      const left = await jsm.consumers.list(`KV_${bucket}`).next();
+      assert.deepEqual(left.map((c) => c.name), []);
+    } finally {
+      await b.close();
+    }
+  });
+
+  test("rowOf: an entry past the TTL that the server still shows is expired; an untagged delete is removed, a tagged one released", () => {
+    const put = {
+      seq: 7,
+      headers: undefined,
+      data: new TextEncoder().encode("n"),
+      time: 1_000,
+    };
+    assert.equal(rowOf("k", put, 1_000 + 1_999, 2_000).state, "held");
+    const late = rowOf("k", put, 1_000 + 2_050, 2_000);
+    assert.deepEqual(
+      [late.state, late.holder, late.epoch, late.expiresInMs],
+      ["expired", "n", 7, -50],
+    );
+  });
+
+  test("[figures] lease ls lists 10,000 keys", async () => {
+    const big = uniq("big");
+    const kv = await new Kvm(nc).create(big, { ttl: 60_000 });
+    const js = jetstream(nc);
+    const value = new TextEncoder().encode("node-1");
+    const t0 = performance.now();
+    for (let i = 0; i < 10_000; i += 1_000) {
+      await Promise.all(
+        Array.from(
+          { length: 1_000 },
+          (_, j) => js.publish(`$KV.${big}.k.${i + j}`, value),
+        ),
+      );
+    }
+    const made = performance.now() - t0;
+    const t1 = performance.now();
+    const rows = await listKeys(nc, big, undefined);
+    const inProcess = performance.now() - t1;
+    assert.equal(rows.length, 10_000);
+    const t2 = performance.now();
+    const r = lease(["ls", "--json", "--servers", ns.url, "--bucket", big]);
+    assert.equal(await r.exited, 0, r.err());
+    const wall = performance.now() - t2;
+    assert.equal(r.out().trim().split("\n").length, 10_000);
+    const t3 = performance.now();
+    const noop = lease(["ls", "--help"]);
+    assert.equal(await noop.exited, 0);
+    const startup = performance.now() - t3;
+    const runtime = "Deno" in globalThis
+      ? "deno"
+      : "Bun" in globalThis
+      ? "bun"
+      : "node";
+    console.log(
+      `[figures] lease ls, 10,000 keys (${runtime}, nats-server ${nc.info?.version}): ` +
+        `${
+          Math.round(wall)
+        } ms wall for the process (its start-up alone, lease ls --help: ${
+          Math.round(startup)
+        } ms); ` +
+        `listKeys in process ${Math.round(inProcess)} ms; the keys written in ${
+          Math.round(made)
+        } ms`,
+    );
+    assert.ok(wall < 5_000, `${wall} ms`);
+    await kv.destroy();
+  });
+});
