@@ -281,6 +281,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       "shards-app",
       "shards-run",
       "fenced",
+      "healthz-run",
       "edge-server",
       "edge-app",
       "edge-run",
@@ -657,6 +658,36 @@ describe("the README's and docs' code blocks, run as written", () => {
       assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`);
       assert.match(r.stdout, /^store {3}rejected node-a's 'a2'/m);
       assert.match(r.stdout, /^store {3}holds \["a1","b1"\]$/m);
+    },
+  );
+
+  test(
+    "docs/health.md's /healthz: the example answers with the manager's health as JSON",
+    {
+      timeout: 60_000,
+      skip: runtime === "node" ? false : "run once, under node --test",
+    },
+    async () => {
+      const httpPort = await freePort();
+      const r = await run(
+        "bash",
+        [
+          "-euo",
+          "pipefail",
+          "-c",
+          local(block("healthz-run")).replaceAll("8081", String(httpPort)),
+        ],
+        root,
+        env,
+      );
+      assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`);
+      assert.match(r.stdout, /listening on http:\/\/127\.0\.0\.1:\d+\/healthz/);
+      const json = r.stdout.split("\n").find((l) => l.startsWith("{"));
+      assert.ok(json, r.stdout);
+      const h = JSON.parse(json);
+      assert.equal(typeof h.ok, "boolean", json);
+      assert.equal(h.closed, false, json);
+      assert.equal(h.connected, true, json);
     },
   );
 
