@@ -36,6 +36,7 @@ import {
   type GuardOptions,
   type Holder,
   type Lease,
+  type LeaseAcquiredEvent,
   type LeaseManager,
   MIN_TTL,
   NotHolderError,
@@ -1230,12 +1231,6 @@ async function run(a: Args): Promise<number> {
   return status;
 }
 
-/**
- * Says on stderr who `lease run` waits for: once, then at each change of
- * holder, and once when it took the key but waits out the failover grace.
- * A hint from the manager's watch until `signal` aborts (the command
- * starts); the guard alone decides when that is.
- */
 /** With -n: once the wait has lasted a moment, says who holds the slots. */
 async function reportSlots(
   leases: LeaseManager,
@@ -1264,6 +1259,20 @@ async function reportSlots(
   }
 }
 
+/**
+ * How long an entry under our own node id may show in the watch before the
+ * manager's "acquired" event says it is ours: the event follows the
+ * compare-and-set's reply, which may arrive after the watch's news of it.
+ * Past that, it is another process run with the same `--node`.
+ */
+const OWN_ENTRY_SETTLE_MS = 250;
+
+/**
+ * Says on stderr who `lease run` waits for: once, then at each change of
+ * holder, and once when it took the key but waits out the failover grace.
+ * A hint from the manager's watch until `signal` aborts (the command
+ * starts); the guard alone decides when that is.
+ */
 async function reportWaiting(
   leases: LeaseManager,
   a: Args,
@@ -1271,10 +1280,31 @@ async function reportWaiting(
 ): Promise<void> {
   let last: Holder | undefined;
   let took = false;
+  // The epoch of our own tenure, from the manager's event: an entry under
+  // our node id is ours only with it (another process may share the id).
+  let ours: number | undefined;
+  let onOurs: (() => void) | undefined;
+  const onAcquired = (e: LeaseAcquiredEvent) => {
+    if (e.key !== a.key) return;
+    ours = e.epoch;
+    onOurs?.();
+  };
+  leases.addEventListener("acquired", onAcquired);
   try {
     for await (const h of leases.watch(a.key, { signal })) {
       if (h === null || signal.aborted) continue;
-      if (h.node === a.node) {
+      if (h.node === a.node && ours !== h.epoch) {
+        await new Promise<void>((resolve) => {
+          const t = setTimeout(resolve, OWN_ENTRY_SETTLE_MS);
+          onOurs = () => {
+            clearTimeout(t);
+            resolve();
+          };
+        });
+        onOurs = undefined;
+        if (signal.aborted) continue;
+      }
+      if (h.node === a.node && ours === h.epoch) {
         if (took) continue;
         took = true;
         const grace = await graceLeft(leases, a.key);
@@ -1286,15 +1316,20 @@ async function reportWaiting(
         continue;
       }
       if (last?.node === h.node && last.epoch === h.epoch) continue;
+      const same = h.node === a.node
+        ? ", another process run with the same --node"
+        : "";
       say(
         last === undefined
-          ? `waiting for '${a.key}', held by ${h.node} (epoch ${h.epoch})`
-          : `still waiting for '${a.key}', now held by ${h.node} (epoch ${h.epoch})`,
+          ? `waiting for '${a.key}', held by ${h.node} (epoch ${h.epoch})${same}`
+          : `still waiting for '${a.key}', now held by ${h.node} (epoch ${h.epoch})${same}`,
       );
       last = h;
     }
   } catch {
     // A hint only: the guard reports what stops the run.
+  } finally {
+    leases.removeEventListener("acquired", onAcquired);
   }
 }
 

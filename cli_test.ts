@@ -457,6 +457,17 @@ describe("the lease command", () => {
         /^\d+ ms\) before starting the command$/,
       );
       assert.equal(said[3], `lease: holding '${key}' as b, epoch ${epochB}`);
+
+      // A holder run with the same node id is another process, not us.
+      const key2 = uniq("same");
+      const epochA2 = await leases.guard(key2, (l) => l.epoch);
+      const same = start([...common(key2, "a"), "--", "true"]);
+      const sameLine =
+        `lease: waiting for '${key2}', held by a (epoch ${epochA2}), another process run with the same --node`;
+      await until(() => same.err().includes(sameLine), 10_000, "same says so");
+      await leases.release(key2);
+      assert.equal(await same.exited, 0, same.err());
+      assert.doesNotMatch(same.err(), /took '/, same.err());
     } finally {
       await leases.close();
       await nc.close();
