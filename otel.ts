@@ -328,6 +328,16 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
         }`,
       );
     }
+    for (const name of ["perKey", "leaseDurations"] as const) {
+      const value: unknown = options[name];
+      if (value !== undefined && typeof value !== "boolean") {
+        throw new TypeError(
+          `Cannot instrument lease manager as '${name}' must be a boolean: received ${
+            JSON.stringify(value)
+          }`,
+        );
+      }
+    }
     const meter = this.#meter;
     this.#duration = meter.createHistogram("lease.guard.duration", {
       description:
@@ -832,14 +842,14 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
  * returned manager for the guards to be measured; events and `lease.held`
  * are measured whichever one the guards go through.
  *
- * | instrument               | kind                  | unit           | attributes                                                          |
- * | ------------------------ | --------------------- | -------------- | ------------------------------------------------------------------- |
- * | `lease.held`             | ObservableUpDownCounter | `{lease}`    | none                                                                |
- * | `lease.transitions`      | Counter               | `{transition}` | `lease.transition` (acquired, lost, released), `lease.lost.reason`  |
- * | `lease.guards`           | ObservableCounter     | `{guard}`      | `lease.check` (cas, lease), `lease.guard.outcome`                   |
- * | `lease.guard.duration`   | Histogram             | `s`            | `lease.check`, `lease.guard.outcome`, `error.type`                  |
- * | `lease.guard.rejections` | Counter               | `{guard}`      | `error.type`                                                        |
- * | `lease.renewal.failures` | Counter               | `{renewal}`    | `error.type`                                                        |
+ * | instrument               | kind                    | unit           | attributes                                                         |
+ * | ------------------------ | ----------------------- | -------------- | ------------------------------------------------------------------ |
+ * | `lease.held`             | ObservableUpDownCounter | `{lease}`      | none                                                               |
+ * | `lease.transitions`      | Counter                 | `{transition}` | `lease.transition` (acquired, lost, released), `lease.lost.reason` |
+ * | `lease.guards`           | ObservableCounter       | `{guard}`      | `lease.check` (cas, lease), `lease.guard.outcome`                  |
+ * | `lease.guard.duration`   | Histogram               | `s`            | `lease.check`, `lease.guard.outcome`, `error.type`                 |
+ * | `lease.guard.rejections` | Counter                 | `{guard}`      | `error.type`                                                       |
+ * | `lease.renewal.failures` | Counter                 | `{renewal}`    | `error.type`                                                       |
  *
  * `lease.guard.outcome` is `ok`, `not_holder` or `unavailable` (rejected
  * with `NotHolderError` or `UnavailableError` before
@@ -852,7 +862,7 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
  * @param leases The manager to measure.
  * @param options The meter, `perKey`, `leaseDurations` and the manager's `check`.
  * @returns The measuring manager; `stop()` (or `using`) ends the measuring.
- * @throws {TypeError} `check` is neither `"cas"` nor `"lease"`.
+ * @throws {TypeError} `check` is neither `"cas"` nor `"lease"`, or `perKey` or `leaseDurations` is not a boolean.
  *
  * @example Measure the guards of a manager
  * ```ts ignore

@@ -249,10 +249,18 @@ describe("instrument()", () => {
     );
   });
 
-  test("perKey adds lease.key to guards and transitions", async () => {
+  test("perKey adds lease.key to guards and transitions; bad options throw TypeError", async () => {
     const bucket = uniq("otel");
     const { m, reader } = await measured("a", bucket, { perKey: true });
     await Promise.all([acquire(m, "k1"), acquire(m, "k2")]);
+    assert.throws(
+      () => instrument(m, { check: "fast" as "cas" }),
+      /'check' must be "cas" or "lease": received "fast"/,
+    );
+    assert.throws(
+      () => instrument(m, { perKey: "yes" as unknown as boolean }),
+      /'perKey' must be a boolean: received "yes"/,
+    );
     await sleep(10);
     const got = await collect(reader);
     for (const key of ["k1", "k2"]) {
