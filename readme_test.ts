@@ -287,6 +287,8 @@ describe("the README's and docs' code blocks, run as written", () => {
       "edge-run",
       "examples-run",
       "events",
+      "otel-metrics",
+      "otel-metrics-output",
     ]);
     const unnamed = blocks.filter((b) => b.name === undefined)
       .map((b) => `${b.file}:${b.line}`);
@@ -390,6 +392,35 @@ describe("the README's and docs' code blocks, run as written", () => {
         /^acquired report \d+\nhealth: ok\nreleased report \d+\n$/,
         r.stdout + r.stderr,
       );
+    },
+  );
+
+  test(
+    "docs/observability.md's metrics block: /metrics shows the tenure, the key held and the guard, as its output block says",
+    { timeout: 60_000 },
+    async () => {
+      // Under this test's runtime, in the clone (the packed package has no
+      // ./otel entry yet): the two package names point at its files.
+      const file = path.join(root, `.readme-otel-${process.pid}.ts`);
+      const metricsPort = await freePort();
+      fs.writeFileSync(
+        file,
+        local(block("otel-metrics"))
+          .replace('"@nats-lease/lease/otel"', '"./otel.ts"')
+          .replace('"@nats-lease/lease"', '"./mod.ts"')
+          .replaceAll("9464", String(metricsPort)),
+      );
+      try {
+        const r = await run(
+          process.execPath,
+          runtime === "deno" ? ["run", "-A", file] : [file],
+          root,
+        );
+        assert.equal(r.code, 0, `exit ${r.code}\n${r.stdout}\n${r.stderr}`);
+        assert.equal(r.stdout, block("otel-metrics-output"), r.stderr);
+      } finally {
+        fs.rmSync(file, { force: true });
+      }
     },
   );
 

@@ -1,0 +1,426 @@
+// instrument() of otel.ts against a real nats-server, read through the real
+// OpenTelemetry SDK: a holder change and a loss in lease.transitions, guard
+// durations and counts with their attributes, rejections by error class,
+// perKey, nothing recorded after stop(), and examples/otel_prometheus.ts
+// scraped over HTTP. Runs under `deno test -A`, `bun test` and
+// `node --test`; NATS_SERVER_BIN picks the server binary.
+import { after, describe } from "node:test";
+// A failed test names the servers' last log lines (test_util/server_logs.ts).
+import { before, test } from "./test_util/server_logs.ts";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import process from "node:process";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { Kvm } from "@nats-io/kv";
+import type { NatsConnection } from "@nats-io/nats-core";
+import {
+  type CollectionResult,
+  MeterProvider,
+  MetricReader,
+} from "@opentelemetry/sdk-metrics";
+import { createLeaseManager, type LeaseManager } from "./mod.ts";
+import { instrument, type InstrumentedLeaseManager } from "./otel.ts";
+import { conn, eventually, sleep, uniq } from "./test_util/lease_helpers.ts";
+import { NatsServer } from "./test_util/nats_server.ts";
+
+/** A reader the test collects from when it likes. */
+class Reader extends MetricReader {
+  protected onShutdown(): Promise<void> {
+    return Promise.resolve();
+  }
+  protected onForceFlush(): Promise<void> {
+    return Promise.resolve();
+  }
+}
+
+/** One data point: its attributes, and a sum's value or a histogram's count and sum. */
+interface Point {
+  attrs: Record<string, unknown>;
+  value?: number;
+  count?: number;
+  sum?: number;
+}
+
+/** Every data point of every metric, by metric name. */
+async function collect(reader: Reader): Promise<Map<string, Point[]>> {
+  const { resourceMetrics, errors }: CollectionResult = await reader.collect();
+  assert.deepEqual(errors, []);
+  const out = new Map<string, Point[]>();
+  for (const scope of resourceMetrics.scopeMetrics) {
+    for (const metric of scope.metrics) {
+      const points = out.get(metric.descriptor.name) ?? [];
+      for (const dp of metric.dataPoints) {
+        const v = dp.value as number | { count: number; sum?: number };
+        points.push(
+          typeof v === "number"
+            ? { attrs: { ...dp.attributes }, value: v }
+            : { attrs: { ...dp.attributes }, count: v.count, sum: v.sum ?? 0 },
+        );
+      }
+      out.set(metric.descriptor.name, points);
+    }
+  }
+  return out;
+}
+
+/** The point of `name` whose attributes are exactly `attrs`. */
+function point(
+  metrics: Map<string, Point[]>,
+  name: string,
+  attrs: Record<string, unknown>,
+): Point | undefined {
+  return metrics.get(name)?.find((p) =>
+    JSON.stringify(Object.entries(p.attrs).sort()) ===
+      JSON.stringify(Object.entries(attrs).sort())
+  );
+}
+
+describe("instrument()", () => {
+  let ns: NatsServer;
+  const conns: NatsConnection[] = [];
+  const managers: LeaseManager[] = [];
+  const providers: MeterProvider[] = [];
+
+  before(async () => {
+    ns = await NatsServer.start();
+  });
+
+  after(async () => {
+    await Promise.allSettled(managers.map((m) => m.close()));
+    await Promise.allSettled(conns.map((c) => c.close()));
+    await Promise.allSettled(providers.map((p) => p.shutdown()));
+    await ns?.[Symbol.asyncDispose]();
+  });
+
+  async function manager(node: string, bucket: string): Promise<LeaseManager> {
+    const nc = await conn(ns.url);
+    conns.push(nc);
+    // A short TTL: on a server without expiry markers (2.9.10) every fresh
+    // key owes a grace of one TTL.
+    const m = await createLeaseManager({ nc, node, bucket, ttl: 1000 });
+    managers.push(m);
+    return m;
+  }
+
+  /** Takes `key`, waiting out any holder and grace, in one guard. */
+  async function acquire(m: LeaseManager, key: string): Promise<void> {
+    await m.guard(key, () => {}, {
+      wait: true,
+      signal: AbortSignal.timeout(10_000),
+    });
+  }
+
+  /** A manager measured on a provider of its own, and that provider's reader. */
+  async function measured(
+    node: string,
+    bucket: string,
+    options: { perKey?: boolean; leaseDurations?: boolean } = {},
+  ): Promise<{ m: InstrumentedLeaseManager; reader: Reader }> {
+    const reader = new Reader();
+    const provider = new MeterProvider({ readers: [reader] });
+    providers.push(provider);
+    const m = instrument(await manager(node, bucket), {
+      meter: provider.getMeter("test"),
+      ...options,
+    });
+    return { m, reader };
+  }
+
+  test("lease.transitions and lease.held follow a holder change (release, takeover) and a loss (overwritten)", async () => {
+    const bucket = uniq("otel");
+    const { m: a, reader: ra } = await measured("a", bucket);
+    const { m: b, reader: rb } = await measured("b", bucket);
+    await acquire(a, "k");
+    let ma = await collect(ra);
+    assert.equal(point(ma, "lease.held", {})?.value, 1);
+    const waiting = b.guard("k", () => {}, {
+      wait: true,
+      signal: AbortSignal.timeout(10_000),
+    });
+    await a.release("k");
+    await waiting;
+    await sleep(10); // events are dispatched in a microtask after the change
+    ma = await collect(ra);
+    let mb = await collect(rb);
+    const acquired = { "lease.transition": "acquired" };
+    const released = { "lease.transition": "released" };
+    assert.equal(point(ma, "lease.transitions", acquired)?.value, 1);
+    assert.equal(point(ma, "lease.transitions", released)?.value, 1);
+    assert.equal(point(ma, "lease.held", {})?.value, 0);
+    assert.equal(point(mb, "lease.transitions", acquired)?.value, 1);
+    assert.equal(point(mb, "lease.held", {})?.value, 1);
+
+    // Another node's write over b's entry: b's next guard finds it lost.
+    const kv = await new Kvm(conns.at(-1)!).open(bucket);
+    await kv.put("k", "intruder");
+    await assert.rejects(b.guard("k", () => {}), { name: "NotHolderError" });
+    await sleep(10);
+    mb = await collect(rb);
+    assert.equal(
+      point(mb, "lease.transitions", {
+        "lease.transition": "lost",
+        "lease.lost.reason": "overwritten",
+      })?.value,
+      1,
+    );
+    assert.equal(point(mb, "lease.held", {})?.value, 0);
+    for (const p of [...ma.values(), ...mb.values()].flat()) {
+      assert.ok(!("lease.key" in p.attrs), "a key attribute without perKey");
+    }
+  });
+
+  test("guard() counts every guard by check and outcome, and times CAS guards (lease-checked ones with leaseDurations)", async () => {
+    const bucket = uniq("otel");
+    const { m, reader } = await measured("a", bucket);
+    const reader2 = new Reader();
+    const provider2 = new MeterProvider({ readers: [reader2] });
+    providers.push(provider2);
+    const timed = instrument(m, {
+      meter: provider2.getMeter("test"),
+      leaseDurations: true,
+    });
+    await acquire(m, "k"); // acquire (and any grace)
+    for (let i = 0; i < 3; i++) await m.guard("k", () => {});
+    for (let i = 0; i < 2; i++) {
+      await m.guard("k", () => {}, { check: "lease" });
+    }
+    await timed.guard("k", () => {}, { check: "lease" });
+    await assert.rejects(
+      m.guard("k", () => {
+        throw new RangeError("the write failed");
+      }),
+      RangeError,
+    );
+    const got = await collect(reader);
+    const casOk = { "lease.check": "cas", "lease.guard.outcome": "ok" };
+    const leaseOk = { "lease.check": "lease", "lease.guard.outcome": "ok" };
+    const casErr = {
+      "lease.check": "cas",
+      "lease.guard.outcome": "error",
+      "error.type": "RangeError",
+    };
+    // acquire()'s guard, then three.
+    assert.equal(point(got, "lease.guards", casOk)?.value, 4);
+    // `timed` wraps `m`: its guard is one of m's too.
+    assert.equal(point(got, "lease.guards", leaseOk)?.value, 3);
+    const d = point(got, "lease.guard.duration", casOk);
+    assert.equal(d?.count, 4);
+    assert.ok(d.sum! > 0 && d.sum! < 4 * 5, `sum ${d.sum} s`);
+    assert.equal(point(got, "lease.guard.duration", leaseOk), undefined);
+    assert.equal(point(got, "lease.guard.duration", casErr)?.count, 1);
+    // A write's own error is not a rejection.
+    assert.equal(got.get("lease.guard.rejections"), undefined);
+    const got2 = await collect(reader2);
+    assert.equal(point(got2, "lease.guard.duration", leaseOk)?.count, 1);
+    timed.stop();
+  });
+
+  test("a rejected guard is counted in lease.guard.rejections by error class", async () => {
+    const bucket = uniq("otel");
+    const a = await manager("a", bucket);
+    const { m: b, reader } = await measured("b", bucket);
+    await acquire(a, "k");
+    await assert.rejects(b.guard("k", () => {}), { name: "NotHolderError" });
+    await assert.rejects(b.guard("k", () => {}), { name: "NotHolderError" });
+    await assert.rejects(b.guard("not a key!", () => {}), TypeError);
+    const got = await collect(reader);
+    assert.equal(
+      point(got, "lease.guard.rejections", { "error.type": "NotHolderError" })
+        ?.value,
+      2,
+    );
+    assert.equal(
+      point(got, "lease.guard.rejections", { "error.type": "TypeError" })
+        ?.value,
+      1,
+    );
+    const notHolder = {
+      "lease.check": "cas",
+      "lease.guard.outcome": "not_holder",
+    };
+    assert.equal(point(got, "lease.guards", notHolder)?.value, 2);
+    assert.equal(
+      point(got, "lease.guard.duration", {
+        ...notHolder,
+        "error.type": "NotHolderError",
+      })?.count,
+      2,
+    );
+  });
+
+  test("perKey adds lease.key to guards and transitions; bad options throw TypeError", async () => {
+    const bucket = uniq("otel");
+    const { m, reader } = await measured("a", bucket, { perKey: true });
+    await Promise.all([acquire(m, "k1"), acquire(m, "k2")]);
+    assert.throws(
+      () => instrument(m, { check: "fast" as "cas" }),
+      /'check' must be "cas" or "lease": received "fast"/,
+    );
+    assert.throws(
+      () => instrument(m, { perKey: "yes" as unknown as boolean }),
+      /'perKey' must be a boolean: received "yes"/,
+    );
+    await sleep(10);
+    const got = await collect(reader);
+    for (const key of ["k1", "k2"]) {
+      assert.equal(
+        point(got, "lease.transitions", {
+          "lease.transition": "acquired",
+          "lease.key": key,
+        })?.value,
+        1,
+      );
+      assert.equal(
+        point(got, "lease.guards", {
+          "lease.check": "cas",
+          "lease.guard.outcome": "ok",
+          "lease.key": key,
+        })?.value,
+        1,
+      );
+    }
+  });
+
+  test("stop() flushes what was measured, then records nothing more; the manager keeps working", async () => {
+    const bucket = uniq("otel");
+    const { m, reader } = await measured("a", bucket);
+    await acquire(m, "k");
+    // Enough lease-checked, timed guards to schedule a flush: stop() must
+    // not leave its timer behind.
+    const timed = instrument(m, {
+      meter: new MeterProvider({ readers: [] }).getMeter("x"),
+      leaseDurations: true,
+    });
+    for (let i = 0; i < 100; i++) {
+      await timed.guard("k", () => {}, { check: "lease" });
+    }
+    timed.stop();
+    for (let i = 0; i < 3; i++) await m.guard("k", () => {});
+    m.stop();
+    m.stop(); // twice is fine
+    assert.equal(m.stopped, true);
+    const before = await collect(reader);
+    const casOk = { "lease.check": "cas", "lease.guard.outcome": "ok" };
+    assert.equal(point(before, "lease.guard.duration", casOk)?.count, 4);
+    for (let i = 0; i < 3; i++) await m.guard("k", () => {});
+    await assert.rejects(m.guard("bad key!", () => {}), TypeError);
+    await m.release("k");
+    await acquire(m, "k");
+    await sleep(10);
+    const later = await collect(reader);
+    assert.deepEqual(
+      point(later, "lease.guard.duration", casOk),
+      point(before, "lease.guard.duration", casOk),
+    );
+    assert.deepEqual(
+      later.get("lease.transitions"),
+      before.get("lease.transitions"),
+    );
+    assert.equal(later.get("lease.guard.rejections"), undefined);
+    assert.equal(await m.held("k"), true);
+    {
+      using scoped = instrument(m, {
+        meter: new MeterProvider().getMeter("y"),
+      });
+      await scoped.guard("k", () => {});
+    }
+  });
+
+  test(
+    "examples/otel_prometheus.ts: /metrics shows the holder change in the counters",
+    {
+      timeout: 30_000,
+    },
+    async () => {
+      const root = fileURLToPath(new URL(".", import.meta.url));
+      const env: Record<string, string | undefined> = {
+        ...process.env,
+        NATS_URL: ns.url,
+        HOLD_MS: "20000",
+        TTL_MS: "1000",
+        LEASE_KEY: uniq("report"),
+        NO_COLOR: "1",
+      };
+      delete env.NODE_TEST_CONTEXT;
+      const args = "Deno" in globalThis
+        ? ["run", "--allow-net", "--allow-env", "examples/otel_prometheus.ts"]
+        : ["examples/otel_prometheus.ts"];
+      const child = spawn(process.execPath, args, {
+        cwd: root,
+        env,
+        stdio: ["ignore", "pipe", "pipe"],
+      });
+      let stderr = "";
+      child.stderr!.on("data", (d) => stderr += d);
+      const exited = new Promise<number | null>((r) =>
+        child.once("exit", (code) => r(code))
+      );
+      try {
+        const lines: string[] = [];
+        createInterface({ input: child.stdout! }).on(
+          "line",
+          (l) => lines.push(l),
+        );
+        await eventually(
+          () => lines.some((l) => l.startsWith("node-b holds")),
+          20_000,
+          "node-b to take the key",
+          20,
+        ).catch((err) => {
+          throw new Error(`${err.message}\n${lines.join("\n")}\n${stderr}`);
+        });
+        const url = /^metrics: (\S+)$/.exec(lines[0] ?? "")?.[1];
+        assert.ok(url, lines.join("\n"));
+        const text = await (await fetch(url)).text();
+        const samples = text.split("\n").flatMap((l) => {
+          const m = /^(\w+)(?:\{(.*)\})? (\S+)/.exec(l);
+          if (m === null) return [];
+          const labels: Record<string, string> = {};
+          for (const [, k, v] of (m[2] ?? "").matchAll(/(\w+)="([^"]*)"/g)) {
+            labels[k!] = v!;
+          }
+          return [{ name: m[1]!, labels, value: Number(m[3]) }];
+        });
+        const value = (
+          node: string,
+          name: string,
+          labels: Record<string, string> = {},
+        ): number | undefined =>
+          samples.find((s) =>
+            s.name === name && s.labels.otel_scope_name === node &&
+            Object.entries(labels).every(([k, v]) => s.labels[k] === v)
+          )?.value;
+        const acquired = { lease_transition: "acquired" };
+        const released = { lease_transition: "released" };
+        assert.equal(
+          value("node-a", "lease_transitions_total", acquired),
+          1,
+          text,
+        );
+        assert.equal(
+          value("node-a", "lease_transitions_total", released),
+          1,
+          text,
+        );
+        assert.equal(
+          value("node-b", "lease_transitions_total", acquired),
+          1,
+          text,
+        );
+        assert.equal(
+          value("node-b", "lease_guard_rejections_total", {
+            error_type: "NotHolderError",
+          }),
+          1,
+          text,
+        );
+        assert.equal(value("node-a", "lease_held"), 0, text);
+        assert.equal(value("node-b", "lease_held"), 1, text);
+      } finally {
+        child.kill("SIGTERM");
+        await exited;
+      }
+    },
+  );
+});
