@@ -6,7 +6,8 @@
 #     delete markers), built into .tools/bin/nats-server-$NATS_ROLLBACK_VERSION
 #     for the tests that roll a running server back to it;
 #   - Debian's nats-server package (/usr/sbin/nats-server, 2.9.10 on bookworm),
-#     the oldest server the tests run against.
+#     the oldest server the tests run against;
+#   - Debian's etcd-server and redis-server, for bench/peers.ts only.
 # Subcommand output goes to a log that is shown only when a step fails.
 set -euo pipefail
 
@@ -105,4 +106,31 @@ else
     quietly as_root apt-get install -y nats-server
   fi
   echo "setup: installed /usr/sbin/nats-server ($(/usr/sbin/nats-server --version))"
+fi
+
+# 4. Debian's etcd-server and redis-server, for the comparison in
+# bench/peers.ts only. The bench starts its own processes on free ports with
+# temp data dirs, so the packages' services are never used. Where apt starts
+# them on install (systemd, or an init script that invoke-rc.d allows), they
+# are stopped again here; a service that ran before this step is left alone.
+missing=()
+command -v etcd >/dev/null || missing+=(etcd-server)
+command -v redis-server >/dev/null || missing+=(redis-server)
+if [[ ${#missing[@]} == 0 ]]; then
+  echo "setup: etcd and redis-server present ($(etcd --version | head -n 1), $(redis-server --version | cut -d ' ' -f 3))"
+else
+  export DEBIAN_FRONTEND=noninteractive
+  if ! as_root apt-get install -y --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
+    quietly as_root apt-get update
+    quietly as_root apt-get install -y --no-install-recommends "${missing[@]}"
+  fi
+  for unit in "${missing[@]}"; do
+    service="${unit/etcd-server/etcd}"
+    if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
+      as_root systemctl disable --now "$service" >/dev/null 2>&1 || true
+    elif [[ -x "/etc/init.d/$service" ]]; then
+      as_root "/etc/init.d/$service" stop >/dev/null 2>&1 || true
+    fi
+  done
+  echo "setup: installed ${missing[*]} ($(etcd --version | head -n 1), $(redis-server --version | cut -d ' ' -f 3))"
 fi

@@ -1,0 +1,287 @@
+/**
+ * The three systems of the peer comparison (`bench/peers.ts`) behind one
+ * shape, shared by the bench and its holder child (`bench/_peers_child.ts`):
+ * this library on NATS JetStream KV, etcd with the `etcd3` client's `Lock`
+ * and `Election`, and Redis with `redlock` over `ioredis`.
+ *
+ * A guarded write puts a value under `data.<key>` in the system itself:
+ *
+ * - ours: `guard(key, write)` (a CAS on the lease key, or none with
+ *   `check: "lease"`), then `kv.put` into a data bucket: the epoch is the
+ *   token, for a store that checks it;
+ * - etcd: one transaction that compares the lock key's create revision and
+ *   puts the value, etcd's own commit-point check: the revision is the token;
+ * - Redis: `lock.extend()`, the only confirmation Redlock offers before a
+ *   write, then `SET`: there is no token.
+ *
+ * @module
+ */
+
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { type KV, Kvm } from "@nats-io/kv";
+import { Etcd3 } from "etcd3";
+import type { Campaign, Election, Lock as EtcdLock } from "etcd3";
+import { Redis } from "ioredis";
+import Redlock from "redlock";
+import type { Lock as RedlockLock } from "redlock";
+import {
+  createLeaseManager,
+  type GuardCheck,
+  type LeaseManager,
+} from "../mod.ts";
+
+/** Where each system listens. */
+export interface Endpoints {
+  nats: string;
+  etcd: string;
+  redis: string;
+}
+
+/** Which system, and for ours which server. */
+export type SystemName = "nats" | "nats-always" | "etcd" | "redis";
+
+/** A held lock: its token, the guarded write, the release. */
+export interface Held {
+  /** The fencing token, or `undefined` where the system has none. */
+  readonly token: number | undefined;
+  /**
+   * Checks the lock as the system allows, calls `between` (where a pause
+   * hits "mid-write"), then writes `value` under `data.<key>`.
+   *
+   * @returns Whether the write landed.
+   */
+  write(value: string, between?: () => Promise<void>): Promise<boolean>;
+  /** Gives the lock up. */
+  release(): Promise<void>;
+}
+
+/** One system's client. */
+export interface Peer {
+  /** Takes a free key; throws when it is held. */
+  acquire(key: string, ttl: number): Promise<Held>;
+  /**
+   * Waits until the key is ours, then writes `value` once; resolves with the
+   * time of that write (`performance.now()`) and the token.
+   */
+  waitAndWrite(
+    key: string,
+    ttl: number,
+    value: string,
+  ): Promise<{ at: number; token: number | undefined }>;
+  /** How a waiting successor learns that the key is free. */
+  readonly learns: string;
+  close(): Promise<void>;
+}
+
+/** Opens a client of `system` with guard check `check` (ours only). */
+export async function openPeer(
+  system: SystemName,
+  ep: Endpoints,
+  node: string,
+  check: GuardCheck = "cas",
+): Promise<Peer> {
+  if (system === "etcd") return openEtcd(ep.etcd);
+  if (system === "redis") return openRedis(ep.redis);
+  return await openOurs(ep.nats, node, check);
+}
+
+// ---------------------------------------------------------------------------
+// Ours.
+
+async function openOurs(
+  url: string,
+  node: string,
+  check: GuardCheck,
+): Promise<Peer> {
+  const nc: NatsConnection = await connect({ servers: url });
+  const data: KV = await new Kvm(nc).create("peers_data");
+  // One manager per TTL: the TTL is the manager's.
+  const byTtl = new Map<number, LeaseManager>();
+  const manager = async (ttl: number): Promise<LeaseManager> => {
+    let m = byTtl.get(ttl);
+    if (m === undefined) {
+      m = await createLeaseManager({
+        nc,
+        node,
+        bucket: `peers_${ttl}`,
+        ttl,
+        check,
+        restartGrace: false,
+      });
+      byTtl.set(ttl, m);
+    }
+    return m;
+  };
+  const held = (m: LeaseManager, key: string, token: number): Held => ({
+    token,
+    async write(value, between) {
+      await m.guard(key, async (lease) => {
+        await between?.();
+        await data.put(`data.${key}`, `${lease.epoch} ${value}`);
+      });
+      return true;
+    },
+    release: () => m.release(key),
+  });
+  return {
+    learns: "watch on the lease key (wait: true), then the failover grace",
+    async acquire(key, ttl) {
+      const m = await manager(ttl);
+      const epoch = await m.guard(key, (lease) => lease.epoch);
+      return held(m, key, epoch);
+    },
+    async waitAndWrite(key, ttl, value) {
+      const m = await manager(ttl);
+      return await m.guard(key, async (lease) => {
+        await data.put(`data.${key}`, `${lease.epoch} ${value}`);
+        return { at: performance.now(), token: lease.epoch };
+      }, { wait: true, signal: AbortSignal.timeout(10 * ttl) });
+    },
+    async close() {
+      for (const m of byTtl.values()) await m.close();
+      await nc.close();
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------
+// etcd: Lock for a free key, Election for a waiting successor.
+
+function openEtcd(url: string): Peer {
+  const client = new Etcd3({ hosts: url });
+  const seconds = (ttl: number): number => Math.max(1, Math.round(ttl / 1000));
+  // The write and the check in one transaction: the put happens only while
+  // the lock key still has the create revision it had when we took it.
+  const txnWrite = async (
+    lockKey: string,
+    rev: string,
+    key: string,
+    value: string,
+  ): Promise<boolean> => {
+    const res = await client.if(lockKey, "Create", "==", rev)
+      .then(client.put(`data.${key}`).value(`${rev} ${value}`))
+      .commit();
+    return res.succeeded;
+  };
+  const createRevision = async (lockKey: string): Promise<string> => {
+    const res = await client.get(lockKey).exec();
+    const kv = res.kvs[0];
+    if (kv === undefined) throw new Error(`etcd lost '${lockKey}' at once`);
+    return kv.create_revision;
+  };
+  const elections = new Map<string, Election>();
+  const campaigns: Campaign[] = [];
+  const heldCampaign = async (c: Campaign, key: string): Promise<Held> => {
+    const lockKey = await c.getCampaignKey();
+    const rev = String((c as unknown as { keyRevision: string }).keyRevision);
+    return {
+      token: Number(rev),
+      async write(value, between) {
+        await between?.();
+        return await txnWrite(lockKey, rev, key, value);
+      },
+      release: () => c.resign(),
+    };
+  };
+  const campaign = async (key: string, ttl: number): Promise<Campaign> => {
+    let e = elections.get(`${key}/${ttl}`);
+    if (e === undefined) {
+      e = client.election(`el.${key}`, seconds(ttl));
+      elections.set(`${key}/${ttl}`, e);
+    }
+    const c = e.campaign("x");
+    campaigns.push(c);
+    await c.wait();
+    return c;
+  };
+  return {
+    learns:
+      "Election: watch on the preceding campaign key (deleted when its lease expires)",
+    async acquire(key, ttl) {
+      if (key.startsWith("el.")) {
+        return await heldCampaign(await campaign(key, ttl), key);
+      }
+      const lock: EtcdLock = client.lock(`lock.${key}`).ttl(seconds(ttl));
+      await lock.acquire();
+      const rev = await createRevision(`lock.${key}`);
+      return {
+        token: Number(rev),
+        async write(value, between) {
+          await between?.();
+          return await txnWrite(`lock.${key}`, rev, key, value);
+        },
+        release: () => lock.release(),
+      };
+    },
+    async waitAndWrite(key, ttl, value) {
+      const held = await heldCampaign(await campaign(key, ttl), key);
+      if (!(await held.write(value))) {
+        throw new Error(`etcd refused the elected successor's write`);
+      }
+      return { at: performance.now(), token: held.token };
+    },
+    async close() {
+      for (const c of campaigns) await c.resign().catch(() => {});
+      client.close();
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Redis: Redlock on one instance.
+
+function openRedis(url: string): Peer {
+  const redis = new Redis(url, { lazyConnect: false });
+  // Redlock's defaults: 10 retries, 200 ms apart, ±100 ms jitter. A waiting
+  // successor retries without end: Redlock has no way to wait for a release.
+  const redlock = new Redlock([redis]);
+  const waiter = new Redlock([redis], { retryCount: -1 });
+  const held = (first: RedlockLock, key: string, ttl: number): Held => {
+    let lock = first;
+    // A running holder extends its lock every TTL/3, as etcd's client
+    // keeps its lease alive and our manager renews.
+    const timer = setInterval(() => {
+      lock.extend(ttl).then((l) => (lock = l), () => {});
+    }, ttl / 3);
+    return {
+      token: undefined,
+      async write(value, between) {
+        // extend() is the only check Redlock offers; it says nothing about
+        // the write that follows.
+        try {
+          lock = await lock.extend(ttl);
+        } catch {
+          return false;
+        }
+        await between?.();
+        await redis.set(`data.${key}`, value);
+        return true;
+      },
+      async release() {
+        clearInterval(timer);
+        await lock.release();
+      },
+    };
+  };
+  return {
+    learns: "poll: acquire retried every 200 ms ± 100 ms (Redlock's defaults)",
+    async acquire(key, ttl) {
+      return held(
+        await redlock.acquire([`lock.${key}`], ttl, { retryCount: 0 }),
+        key,
+        ttl,
+      );
+    },
+    async waitAndWrite(key, ttl, value) {
+      const lock = await waiter.acquire([`lock.${key}`], ttl);
+      await redis.set(`data.${key}`, value);
+      const at = performance.now();
+      await lock.release().catch(() => {});
+      return { at, token: undefined };
+    },
+    async close() {
+      await redis.quit();
+    },
+  };
+}

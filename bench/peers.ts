@@ -1,0 +1,784 @@
+/**
+ * This library beside etcd and Redis (issue 18): the same six rows for each
+ * system, every server on this machine, systems interleaved within each run.
+ *
+ * Systems: ours on nats-server with the default `sync_interval` and with
+ * `jetstream { sync_interval: always }` (only the second fsyncs before it
+ * acknowledges, as etcd does), etcd (`etcd3`: `Lock`, `Election`, a
+ * transaction comparing the lock key's create revision) and Redis (`redlock`
+ * over `ioredis`, one instance, no persistence). See `_peers_systems.ts` for
+ * what each guarded write does.
+ *
+ * Rows: (1) guarded-write latency, one writer, held key; (2) throughput, 64
+ * writers over 256 held keys; (3) acquire and release of a free key, time and
+ * requests; (4) failover after SIGKILL of the holder at TTL 5 s; (5) clean
+ * handover; (6) a holder paused 2 TTL between its check and its write.
+ *
+ * ```sh
+ * bash bench/peers.sh [--smoke]          # setup, then this under Node 24
+ * node_modules/.bin/node bench/peers.ts [--smoke] [--runs N] [--out FILE]
+ * node_modules/.bin/deno run -A bench/peers.ts
+ * ```
+ *
+ * Prints a Markdown table to stdout and progress to stderr; writes the report
+ * as JSON to `bench-results/peers-<runtime>.json` (or `--out`).
+ *
+ * @module
+ */
+
+import { type ChildProcess, spawn } from "node:child_process";
+import * as fs from "node:fs";
+import * as net from "node:net";
+import * as os from "node:os";
+import * as path from "node:path";
+import process from "node:process";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { canConnect, NatsServer } from "../test_util/nats_server.ts";
+import {
+  type Endpoints,
+  type Held,
+  openPeer,
+  type Peer,
+  type SystemName,
+} from "./_peers_systems.ts";
+
+// ---------------------------------------------------------------------------
+// Settings.
+
+/** How much work each row does. */
+export interface PeersConfig {
+  mode: "smoke" | "full";
+  /** Interleaved runs; every figure is the median over runs. */
+  runs: number;
+  /** Sequential guarded writes per system per run (row 1). */
+  latencyOps: number;
+  /** Milliseconds of 64 writers per system per run (row 2). */
+  phaseMs: number;
+  /** Acquire-and-release cycles per system per run (row 3). */
+  acquireOps: number;
+  /** TTL of rows 4 to 6 (etcd rounds it to whole seconds, at least 2 s). */
+  ttl: number;
+}
+
+/** The settings of a mode. */
+export function peersConfig(
+  mode: "smoke" | "full",
+  runs?: number,
+): PeersConfig {
+  return mode === "smoke"
+    ? {
+      mode,
+      runs: 1,
+      latencyOps: 30,
+      phaseMs: 200,
+      acquireOps: 10,
+      ttl: 1_000,
+    }
+    : {
+      mode,
+      runs: runs ?? 5,
+      latencyOps: 1_000,
+      phaseMs: 2_000,
+      acquireOps: 100,
+      ttl: 5_000,
+    };
+}
+
+/** The column of one system (and for ours, one guard check). */
+export type Column =
+  | "nats/cas"
+  | "nats/lease"
+  | "nats-always/cas"
+  | "nats-always/lease"
+  | "etcd"
+  | "redis";
+
+const COLUMNS: Column[] = [
+  "nats/cas",
+  "nats/lease",
+  "nats-always/cas",
+  "nats-always/lease",
+  "etcd",
+  "redis",
+];
+const SYSTEMS: SystemName[] = ["nats", "nats-always", "etcd", "redis"];
+/** Rows 1 and 2 take a long TTL so that no renewal falls in a phase. */
+const LONG_TTL = 60_000;
+
+/** Row 6 for one system, one run. */
+export interface Paused {
+  /** The paused holder's token and the successor's. */
+  holderToken: number | null;
+  successorToken: number | null;
+  /** Whether the late write reached the system's store and landed there. */
+  landed: boolean;
+  /** What turned it away, if anything. */
+  refusedBy: string | null;
+}
+
+/** Per-run figures of one system. */
+export interface RunFigures {
+  latencyP50?: number;
+  latencyP99?: number;
+  opsPerSec?: number;
+  acquireReleaseMs?: number;
+  requestsPerCycle?: number;
+  failoverMs?: number;
+  handoverMs?: number;
+  paused?: Paused;
+}
+
+/** The whole report. */
+export interface PeersReport {
+  mode: "smoke" | "full";
+  /** TTL of rows 4 to 6, ms. */
+  ttl: number;
+  runtime: string;
+  versions: Record<string, string>;
+  loadAverage: { start: number[]; end: number[] };
+  learns: Record<string, string>;
+  /** `runs[column][run]`. */
+  runs: Record<string, RunFigures[]>;
+}
+
+// ---------------------------------------------------------------------------
+// Servers.
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address() as net.AddressInfo;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+interface Server {
+  url: string;
+  version: string;
+  /** Requests the server has handled so far (for row 3). */
+  requests(): Promise<number>;
+  stop(): Promise<void>;
+}
+
+async function spawnServer(
+  cmd: string,
+  args: string[],
+  port: number,
+  dir: string,
+): Promise<ChildProcess> {
+  const log = fs.openSync(path.join(dir, "server.log"), "a");
+  const child = spawn(cmd, args, { stdio: ["ignore", log, log] });
+  fs.closeSync(log);
+  const deadline = performance.now() + 15_000;
+  while (!(await canConnect(port))) {
+    if (child.exitCode !== null || performance.now() > deadline) {
+      child.kill("SIGKILL");
+      throw new Error(
+        `Cannot start '${cmd}' on port ${port}:\n${
+          fs.readFileSync(path.join(dir, "server.log"), "utf8").slice(-2000)
+        }`,
+      );
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return child;
+}
+
+async function stopChild(child: ChildProcess, dir: string): Promise<void> {
+  if (child.exitCode === null && child.signalCode === null) {
+    const exited = new Promise((r) => child.once("exit", r));
+    child.kill("SIGTERM");
+    await Promise.race([exited, new Promise((r) => setTimeout(r, 3_000))]);
+    child.kill("SIGKILL");
+  }
+  fs.rmSync(dir, { recursive: true, force: true });
+}
+
+async function startNats(always: boolean): Promise<Server> {
+  const storeDir = fs.mkdtempSync(path.join(os.tmpdir(), "peers-nats-"));
+  const ns = await NatsServer.start(
+    always
+      ? {
+        jetstream: false,
+        storeDir,
+        extraConfig: `jetstream { store_dir: ${
+          JSON.stringify(storeDir)
+        }, sync_interval: always }`,
+      }
+      : { storeDir },
+  );
+  return {
+    url: ns.url,
+    version: ns.version,
+    async requests() {
+      const varz = await (await fetch(`${ns.httpUrl}/varz`)).json();
+      return (varz as { in_msgs: number }).in_msgs;
+    },
+    async stop() {
+      await ns[Symbol.asyncDispose]();
+      fs.rmSync(storeDir, { recursive: true, force: true });
+    },
+  };
+}
+
+async function startEtcd(): Promise<Server> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "peers-etcd-"));
+  const [client, peer] = [await freePort(), await freePort()];
+  const url = `http://127.0.0.1:${client}`;
+  const child = await spawnServer(
+    "etcd",
+    [
+      "--name=peers",
+      `--data-dir=${path.join(dir, "data")}`,
+      `--listen-client-urls=${url}`,
+      `--advertise-client-urls=${url}`,
+      `--listen-peer-urls=http://127.0.0.1:${peer}`,
+      `--initial-advertise-peer-urls=http://127.0.0.1:${peer}`,
+      `--initial-cluster=peers=http://127.0.0.1:${peer}`,
+      "--logger=zap",
+      "--log-level=warn",
+    ],
+    client,
+    dir,
+  );
+  const version = (await (await fetch(`${url}/version`)).json()) as {
+    etcdserver: string;
+  };
+  return {
+    url,
+    version: version.etcdserver,
+    async requests() {
+      const text = await (await fetch(`${url}/metrics`)).text();
+      let n = 0;
+      for (
+        const m of text.matchAll(/^grpc_server_started_total\{.*\} (\S+)$/gm)
+      ) {
+        n += Number(m[1]);
+      }
+      return n;
+    },
+    stop: () => stopChild(child, dir),
+  };
+}
+
+async function startRedis(): Promise<Server> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "peers-redis-"));
+  const port = await freePort();
+  const child = await spawnServer(
+    "redis-server",
+    [
+      "--port",
+      String(port),
+      "--bind",
+      "127.0.0.1",
+      "--dir",
+      dir,
+      "--save",
+      "",
+      "--appendonly",
+      "no",
+    ],
+    port,
+    dir,
+  );
+  const url = `redis://127.0.0.1:${port}`;
+  const info = async (section = "server"): Promise<string> => {
+    const { Redis } = await import("ioredis");
+    const r = new Redis(url);
+    try {
+      return await r.info(section);
+    } finally {
+      r.disconnect();
+    }
+  };
+  const version = /redis_version:(\S+)/.exec(await info())?.[1] ?? "?";
+  return {
+    url,
+    version,
+    async requests() {
+      // Redlock sends only scripts; the commands a script calls are counted
+      // under their own names, and are not round trips.
+      const stats = await info("commandstats");
+      let n = 0;
+      for (
+        const m of stats.matchAll(/^cmdstat_(?:evalsha|eval):calls=(\d+)/gm)
+      ) {
+        n += Number(m[1]);
+      }
+      return n;
+    },
+    stop: () => stopChild(child, dir),
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Statistics.
+
+function percentile(xs: number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(p * s.length))] ?? NaN;
+}
+
+const median = (xs: number[]): number => {
+  const s = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
+  if (s.length === 0) return NaN;
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+};
+
+const log = (msg: string): void => {
+  process.stderr.write(`peers: ${msg}\n`);
+};
+
+// ---------------------------------------------------------------------------
+// Rows 1 to 3, in this process.
+
+async function rowLatency(
+  peer: Peer,
+  ops: number,
+  r: number,
+): Promise<RunFigures> {
+  const held = await peer.acquire(`lat.${r}`, LONG_TTL);
+  try {
+    for (let i = 0; i < 20; i++) await held.write(`w${i}`);
+    const times: number[] = [];
+    for (let i = 0; i < ops; i++) {
+      const t = performance.now();
+      if (!(await held.write(`v${i}`))) {
+        throw new Error("guarded write refused");
+      }
+      times.push(performance.now() - t);
+    }
+    return {
+      latencyP50: percentile(times, 0.5),
+      latencyP99: percentile(times, 0.99),
+    };
+  } finally {
+    await held.release();
+  }
+}
+
+async function rowThroughput(
+  peer: Peer,
+  ms: number,
+  r: number,
+): Promise<RunFigures> {
+  const held: Held[] = [];
+  for (let k = 0; k < 256; k++) {
+    held.push(await peer.acquire(`tp.${r}.${k}`, LONG_TTL));
+  }
+  try {
+    let done = 0;
+    const end = performance.now() + ms;
+    const t0 = performance.now();
+    await Promise.all(Array.from({ length: 64 }, async (_, w) => {
+      for (let i = 0; performance.now() < end; i++) {
+        if (!(await held[w + 64 * (i % 4)]!.write(`v${i}`))) {
+          throw new Error("guarded write refused");
+        }
+        done++;
+      }
+    }));
+    return { opsPerSec: done / ((performance.now() - t0) / 1000) };
+  } finally {
+    await Promise.all(held.map((h) => h.release()));
+  }
+}
+
+async function rowAcquire(
+  peer: Peer,
+  server: Server,
+  ops: number,
+  r: number,
+): Promise<RunFigures> {
+  const times: number[] = [];
+  const before = await server.requests();
+  for (let i = 0; i < ops; i++) {
+    const t = performance.now();
+    const held = await peer.acquire(`acq.${r}.${i}`, LONG_TTL);
+    await held.release();
+    times.push(performance.now() - t);
+  }
+  const after = await server.requests();
+  return {
+    acquireReleaseMs: median(times),
+    // The reading itself counts once on Redis and on etcd not at all.
+    requestsPerCycle: (after - before) / ops,
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Rows 4 to 6, against a holder in a child process.
+
+interface Child {
+  proc: ChildProcess;
+  next(): Promise<string>;
+  send(line: string): void;
+  exited: Promise<void>;
+}
+
+function startHolder(
+  system: SystemName,
+  ep: Endpoints,
+  key: string,
+  ttl: number,
+  window: number,
+): Child {
+  const file = fileURLToPath(new URL("./_peers_child.ts", import.meta.url));
+  const deno = (globalThis as { Deno?: unknown }).Deno !== undefined;
+  const argv = deno ? ["run", "-A", file] : [file];
+  const proc = spawn(process.execPath, [
+    ...argv,
+    system,
+    JSON.stringify(ep),
+    key,
+    String(ttl),
+    String(window),
+  ], { stdio: ["pipe", "pipe", "inherit"] });
+  const exited = new Promise<void>((r) => proc.once("exit", () => r()));
+  const lines = createInterface({ input: proc.stdout! })
+    [Symbol.asyncIterator]();
+  return {
+    proc,
+    async next() {
+      const { value, done } = await lines.next();
+      if (done) throw new Error(`The ${system} holder exited before it spoke`);
+      return value;
+    },
+    send: (line) => void proc.stdin!.write(`${line}\n`),
+    exited,
+  };
+}
+
+async function expect(child: Child, word: string): Promise<string> {
+  const line = await child.next();
+  if (!line.startsWith(word)) {
+    throw new Error(`The holder said '${line}' where '${word}' was expected`);
+  }
+  return line.slice(word.length).trim();
+}
+
+async function rowFailover(
+  system: SystemName,
+  ep: Endpoints,
+  peer: Peer,
+  ttl: number,
+  key: string,
+  how: "kill" | "release",
+): Promise<number> {
+  const child = startHolder(system, ep, key, ttl, 0);
+  try {
+    await expect(child, "held");
+    const waiting = peer.waitAndWrite(key, ttl, "successor");
+    // The successor is waiting when the holder goes, as in a service.
+    await new Promise((r) => setTimeout(r, 300));
+    const t0 = performance.now();
+    if (how === "kill") child.proc.kill("SIGKILL");
+    else child.send("release");
+    const { at } = await waiting;
+    return at - t0;
+  } finally {
+    child.proc.kill("SIGKILL");
+    await child.exited;
+  }
+}
+
+async function rowPaused(
+  system: SystemName,
+  ep: Endpoints,
+  peer: Peer,
+  ttl: number,
+  key: string,
+): Promise<Paused> {
+  const child = startHolder(system, ep, key, ttl, 200);
+  try {
+    const token = await expect(child, "held");
+    child.send("write late");
+    await expect(child, "checked");
+    child.proc.kill("SIGSTOP");
+    const stopped = performance.now();
+    const successor = await peer.waitAndWrite(key, ttl, "successor");
+    const left = 2 * ttl - (performance.now() - stopped);
+    if (left > 0) await new Promise((r) => setTimeout(r, left));
+    child.proc.kill("SIGCONT");
+    const line = await child.next();
+    const holderToken = token === "-" ? null : Number(token);
+    const successorToken = successor.token ?? null;
+    const landed = line === "wrote true";
+    // A store that keeps the highest token it has accepted and turns away
+    // lower ones (examples/fenced_store.ts) would refuse the late write when
+    // it carries a token below the successor's.
+    const fenced = holderToken !== null && successorToken !== null &&
+      holderToken < successorToken;
+    const refusedBy = system === "etcd"
+      ? (landed ? null : "etcd's txn compare (create revision)")
+      : fenced
+      ? "a fenced store (epoch below the successor's)"
+      : null;
+    return { holderToken, successorToken, landed, refusedBy };
+  } finally {
+    child.proc.kill("SIGCONT");
+    child.proc.kill("SIGKILL");
+    await child.exited;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The run.
+
+/** Runs the comparison and returns the report. */
+export async function runPeers(cfg: PeersConfig): Promise<PeersReport> {
+  const loadStart = os.loadavg();
+  log(`${cfg.mode}: starting nats-server twice, etcd and redis-server`);
+  const servers: Record<SystemName, Server> = {
+    nats: await startNats(false),
+    "nats-always": await startNats(true),
+    etcd: await startEtcd(),
+    redis: await startRedis(),
+  };
+  const endpoints = (s: SystemName): Endpoints => ({
+    nats: servers[s].url,
+    etcd: servers.etcd.url,
+    redis: servers.redis.url,
+  });
+  const runs: Record<string, RunFigures[]> = {};
+  const learns: Record<string, string> = {};
+  for (const c of COLUMNS) runs[c] = [];
+  try {
+    for (let r = 0; r < cfg.runs; r++) {
+      // Rotate the order each run so no system always goes first.
+      const order = COLUMNS.map((_, i) => COLUMNS[(i + r) % COLUMNS.length]!);
+      const figs = new Map<Column, RunFigures>(order.map((c) => [c, {}]));
+      for (const col of order) {
+        const [sys, check] = col.split("/") as [
+          SystemName,
+          "cas" | "lease" | undefined,
+        ];
+        log(`run ${r + 1}/${cfg.runs}: ${col}, rows 1-3`);
+        const peer = await openPeer(
+          sys,
+          endpoints(sys),
+          "bench",
+          check ?? "cas",
+        );
+        try {
+          Object.assign(
+            figs.get(col)!,
+            await rowLatency(peer, cfg.latencyOps, r),
+          );
+          Object.assign(
+            figs.get(col)!,
+            await rowThroughput(peer, cfg.phaseMs, r),
+          );
+          if (check !== "lease") {
+            Object.assign(
+              figs.get(col)!,
+              await rowAcquire(peer, servers[sys], cfg.acquireOps, r),
+            );
+          }
+        } finally {
+          await peer.close();
+        }
+      }
+      const sysOrder = SYSTEMS.map((_, i) =>
+        SYSTEMS[(i + r) % SYSTEMS.length]!
+      );
+      for (const sys of sysOrder) {
+        log(`run ${r + 1}/${cfg.runs}: ${sys}, rows 4-6 (TTL ${cfg.ttl} ms)`);
+        const col = (sys.startsWith("nats") ? `${sys}/cas` : sys) as Column;
+        const peer = await openPeer(sys, endpoints(sys), "successor");
+        learns[sys] = peer.learns;
+        try {
+          const f = figs.get(col)!;
+          f.failoverMs = await rowFailover(
+            sys,
+            endpoints(sys),
+            peer,
+            cfg.ttl,
+            `el.kill.${r}`,
+            "kill",
+          );
+          f.handoverMs = await rowFailover(
+            sys,
+            endpoints(sys),
+            peer,
+            cfg.ttl,
+            `el.hand.${r}`,
+            "release",
+          );
+          f.paused = await rowPaused(
+            sys,
+            endpoints(sys),
+            peer,
+            cfg.ttl,
+            `el.stop.${r}`,
+          );
+        } finally {
+          await peer.close();
+        }
+      }
+      for (const c of COLUMNS) runs[c]!.push(figs.get(c)!);
+    }
+  } finally {
+    for (const s of Object.values(servers)) await s.stop().catch(() => {});
+  }
+  const denoVersion = (globalThis as { Deno?: { version: { deno: string } } })
+    .Deno?.version.deno;
+  return {
+    mode: cfg.mode,
+    ttl: cfg.ttl,
+    runtime: denoVersion
+      ? `Deno ${denoVersion}`
+      : `Node ${process.versions.node}`,
+    versions: {
+      "nats-server": servers.nats.version,
+      etcd: servers.etcd.version,
+      redis: servers.redis.version,
+      ...packageVersions(),
+    },
+    loadAverage: { start: loadStart, end: os.loadavg() },
+    learns,
+    runs,
+  };
+}
+
+function packageVersions(): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const name of ["etcd3", "redlock", "ioredis", "@nats-io/kv"]) {
+    const file = fileURLToPath(
+      new URL(`../node_modules/${name}/package.json`, import.meta.url),
+    );
+    out[name] =
+      (JSON.parse(fs.readFileSync(file, "utf8")) as { version: string })
+        .version;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// The table.
+
+const fmt = (x: number | undefined, unit: string, digits = 0): string =>
+  x === undefined || !Number.isFinite(x) ? "—" : `${
+    x.toLocaleString("en-US", {
+      maximumFractionDigits: digits,
+      minimumFractionDigits: digits,
+    })
+  }${unit}`;
+
+const ms = (x: number | undefined): string =>
+  x === undefined ? "—" : x < 10 ? fmt(x * 1000, " µs") : fmt(x, " ms");
+
+/** The median over runs of one figure, and its median ratio to `base`. */
+function stat(
+  report: PeersReport,
+  col: Column,
+  pick: (f: RunFigures) => number | undefined,
+  base: Column = "nats/cas",
+): { value: number; ratio: number } {
+  const mine = report.runs[col]!.map(pick);
+  const theirs = report.runs[base]!.map(pick);
+  return {
+    value: median(mine.map((x) => x ?? NaN)),
+    ratio: median(mine.map((x, i) => (x ?? NaN) / (theirs[i] ?? NaN))),
+  };
+}
+
+/** The rows as Markdown: one column per system, ratios against ours. */
+export function table(report: PeersReport): string {
+  const cell = (
+    col: Column,
+    pick: (f: RunFigures) => number | undefined,
+    show: (x: number) => string,
+  ): string => {
+    const { value, ratio } = stat(report, col, pick);
+    if (!Number.isFinite(value)) return "—";
+    return col === "nats/cas"
+      ? show(value)
+      : `${show(value)} (${fmt(ratio, "×", 2)})`;
+  };
+  const rows: string[][] = [];
+  const row = (
+    name: string,
+    f: (c: Column) => string,
+    cols = COLUMNS,
+  ): void => {
+    rows.push([name, ...COLUMNS.map((c) => (cols.includes(c) ? f(c) : "—"))]);
+  };
+  row("1. guarded write p50", (c) => cell(c, (f) => f.latencyP50, ms));
+  row("1. guarded write p99", (c) => cell(c, (f) => f.latencyP99, ms));
+  row(
+    "2. writes/s, 64 writers × 256 keys",
+    (c) => cell(c, (f) => f.opsPerSec, (x) => fmt(x, "/s")),
+  );
+  const once = COLUMNS.filter((c) => !c.endsWith("/lease"));
+  row(
+    "3. acquire + release",
+    (c) => cell(c, (f) => f.acquireReleaseMs, ms),
+    once,
+  );
+  row(
+    "3. server requests per acquire + release",
+    (c) =>
+      fmt(median(report.runs[c]!.map((f) => f.requestsPerCycle ?? NaN)), "", 1),
+    once,
+  );
+  row(
+    `4. failover after SIGKILL, TTL ${report.ttl / 1000} s`,
+    (c) => cell(c, (f) => f.failoverMs, ms),
+    once,
+  );
+  row("5. clean handover", (c) => cell(c, (f) => f.handoverMs, ms), once);
+  row("6. paused holder's late write landed", (c) => {
+    const p = report.runs[c]!.map((f) => f.paused).filter((x) =>
+      x !== undefined
+    );
+    return `${p.filter((x) => x.landed).length}/${p.length}`;
+  }, once);
+  row("6. refused by a token", (c) => {
+    const p = report.runs[c]!.map((f) => f.paused).filter((x) =>
+      x !== undefined
+    );
+    const by = [...new Set(p.map((x) => x.refusedBy ?? "none"))].join("; ");
+    return `${p.filter((x) => x.refusedBy !== null).length}/${p.length}: ${by}`;
+  }, once);
+  const head = ["row", ...COLUMNS];
+  return [head, head.map(() => "---"), ...rows]
+    .map((r) => `| ${r.join(" | ")} |`)
+    .join("\n") + "\n";
+}
+
+// ---------------------------------------------------------------------------
+// Command line.
+
+if (import.meta.main ?? process.argv[1] === fileURLToPath(import.meta.url)) {
+  const args = process.argv.slice(2);
+  const smoke = args.includes("--smoke");
+  const runsAt = args.indexOf("--runs");
+  const outAt = args.indexOf("--out");
+  const cfg = peersConfig(
+    smoke ? "smoke" : "full",
+    runsAt === -1 ? undefined : Number(args[runsAt + 1]),
+  );
+  const report = await runPeers(cfg);
+  const runtime = report.runtime.split(" ")[0]!.toLowerCase();
+  const out = outAt === -1
+    ? `bench-results/peers-${runtime}${smoke ? "-smoke" : ""}.json`
+    : args[outAt + 1]!;
+  fs.mkdirSync(path.dirname(out), { recursive: true });
+  fs.writeFileSync(out, JSON.stringify(report, null, 2) + "\n");
+  process.stdout.write(
+    `${report.runtime}; ${
+      Object.entries(report.versions).map(([k, v]) => `${k} ${v}`).join(", ")
+    }; load average ${report.loadAverage.start[0]!.toFixed(1)} → ${
+      report.loadAverage.end[0]!.toFixed(1)
+    }\n\n${table(report)}\nHow a waiting successor learns: ${
+      Object.entries(report.learns).map(([k, v]) => `${k}: ${v}`).join("; ")
+    }\n`,
+  );
+  process.exit(0);
+}
