@@ -669,6 +669,18 @@ export interface LeaseManagerOptions {
    */
   bucket?: string;
   /**
+   * JetStream domain that holds the bucket, for a client whose server is a
+   * leaf node of the one with the bucket (JetStream API requests cross a
+   * leaf connection only when addressed to a domain, `$JS.<domain>.API`).
+   * Every JetStream request the manager makes (set-up, reads, watches) goes
+   * to that domain, and its compare-and-set publishes go to
+   * `$JS.<domain>.API.$KV.<bucket>.<key>`, which that domain maps to the
+   * bucket's subject (as nats.js's KV does), so a bucket of the same name
+   * in the leaf's own domain is never written.
+   * @default {the domain of the server the client is connected to}
+   */
+  domain?: string;
+  /**
    * Create the bucket when it does not exist. `false` refuses to start
    * instead: a bucket deleted and re-created restarts revisions, and so
    * epochs, at 1 (see the README on re-creating a bucket).
@@ -1474,6 +1486,8 @@ export type LinkChange = "down" | "same" | "other";
 
 const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
 const BUCKET_RE = /^[-\w]+$/;
+/** A JetStream domain: one subject token. */
+const DOMAIN_RE = /^[^\s.*>]+$/;
 
 function describe(value: unknown): string {
   if (typeof value === "string") return JSON.stringify(value);
@@ -4030,6 +4044,12 @@ function natsPort(
     throw err;
   };
   const apiPrefix = jsm.getOptions().apiPrefix ?? "$JS.API";
+  // Through a domain, writes go to `$JS.<domain>.API.$KV.<bucket>.<key>`,
+  // which that domain's servers map to the bucket's subject, as nats.js's
+  // own KV does. A bare `$KV.` publish from a leaf node would also land in
+  // a bucket of the same name in the leaf's own domain, and its ack could
+  // come from there.
+  const writePrefix = apiPrefix === "$JS.API" ? "" : `${apiPrefix}.`;
   let statusIter: { stop?: () => void } | undefined;
   const inbox = replyInbox(nc);
   inbox.retain();
@@ -4065,7 +4085,12 @@ function natsPort(
         String(req.expect),
       ]);
       if (req.op === "DEL") h.headers.set("KV-Operation", ["DEL"]);
-      return inbox.request(req.subject, req.value, h, req.timeout).then(
+      return inbox.request(
+        writePrefix + req.subject,
+        req.value,
+        h,
+        req.timeout,
+      ).then(
         (res) => {
           heard("seq" in res);
           return suspect() && "seq" in res ? verified(res) : res;
@@ -4781,15 +4806,21 @@ export async function createLeaseManager(
     whileLeaderless(request, setupDeadline, o.signal, true);
   // Reads get shorter attempts, asked again until the set-up deadline.
   const attempt = Math.min(setupTimeout, Math.max(o.timeout, SETUP_ATTEMPT));
+  // `$JS.<domain>.API` in place of `$JS.API` for every request below.
+  const domain = o.domain === undefined ? {} : { domain: o.domain };
   let jsm: JetStreamManager;
   try {
-    jsm = await read(() => jetstreamManager(nc, { timeout: attempt }));
+    jsm = await read(() =>
+      jetstreamManager(nc, { timeout: attempt, ...domain })
+    );
   } catch (err) {
     if (isNoResponders(err)) {
       throw new Error(
-        `Cannot create lease manager as the NATS server does not offer JetStream (start nats-server with -js, or enable JetStream for this account): ${
-          errText(err)
-        }`,
+        `Cannot create lease manager as ${
+          o.domain === undefined
+            ? "the NATS server does not offer JetStream (start nats-server with -js, or enable JetStream for this account)"
+            : `no server answers for JetStream domain '${o.domain}' (check the domain name, and that the leaf node is connected to the server with that domain)`
+        }: ${errText(err)}`,
         { cause: err },
       );
     }
@@ -4841,14 +4872,17 @@ export async function createLeaseManager(
     // the bucket got them is checked below either way.
     const withMarkers = o.markers && markersVersion(nc.info?.version ?? "");
     const kv = await again(() =>
-      new Kvm(jetstream(nc, { timeout: setupTimeout })).create(o.bucket, {
-        ttl: o.ttl,
-        history: 1,
-        replicas,
-        ...(withMarkers
-          ? { markerTTL: (Math.floor(o.ttl / 1000) + 1) * 1000 }
-          : {}),
-      })
+      new Kvm(jetstream(nc, { timeout: setupTimeout, ...domain })).create(
+        o.bucket,
+        {
+          ttl: o.ttl,
+          history: 1,
+          replicas,
+          ...(withMarkers
+            ? { markerTTL: (Math.floor(o.ttl / 1000) + 1) * 1000 }
+            : {}),
+        },
+      )
     );
     // Created now, or concurrently by another process: read what it is.
     const status = await again(() => kv.status());
@@ -4878,9 +4912,10 @@ export async function createLeaseManager(
     markers = await provenMarkerLife(nc, jsm, `KV_${o.bucket}`, setupTimeout);
     o.markerLife = markers.life;
   }
-  const js = jetstream(nc, { timeout: o.timeout });
+  const js = jetstream(nc, { timeout: o.timeout, ...domain });
   const opsJsm = await jetstreamManager(nc, {
     timeout: o.timeout,
+    ...domain,
     checkAPI: false,
   });
   if (o.signal?.aborted) throw abortReason(o.signal);
@@ -4930,6 +4965,7 @@ interface Resolved extends ManagerSettings {
   createBucket: boolean;
   allowUnverifiedReplicas: boolean;
   markers: boolean;
+  domain: string | undefined;
 }
 
 /** Checks the options that depend on the TTL, once the TTL in force is known. */
@@ -4986,6 +5022,18 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
       }`,
     );
   }
+  const { domain } = options;
+  // One subject token: the domain goes into `$JS.<domain>.API`.
+  if (
+    domain !== undefined &&
+    (typeof domain !== "string" || !DOMAIN_RE.test(domain))
+  ) {
+    throw new TypeError(
+      `Cannot create lease manager as 'domain' must be a non-empty JetStream domain name without whitespace, '.', '*' or '>': received ${
+        describe(domain)
+      }`,
+    );
+  }
   const ttl = checkDuration(
     "ttl",
     options.ttl ?? DEFAULT_TTL,
@@ -5037,6 +5085,7 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     markerLife: 0,
     createBucket: options.createBucket ?? true,
     allowUnverifiedReplicas: options.allowUnverifiedReplicas ?? false,
+    domain,
     bucket,
     signal,
   };

@@ -805,6 +805,9 @@ describe("lease manager on one server", () => {
       ["restartGrace not boolean", { restartGrace: "yes" }, /'restartGrace'/],
       ["signal not a signal", { signal: {} }, /'signal'/],
       ["check not a mode", { check: "fast" }, /'check'.*"fast"/],
+      ["domain with a dot", { domain: "a.b" }, /'domain'.*"a\.b"/],
+      ["empty domain", { domain: "" }, /'domain'.*""/],
+      ["domain not a string", { domain: 7 }, /'domain'.*7/],
     ];
     for (const [what, opts, re] of badOptions) {
       test(`createLeaseManager() rejects ${what} at once and sends nothing`, async () => {
