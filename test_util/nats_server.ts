@@ -50,6 +50,14 @@ export interface NatsServerOptions {
    */
   jetstream?: boolean;
   /**
+   * JetStream domain (the `domain` of the `jetstream` block), for a hub and
+   * its leaf nodes: a client reaches this server's JetStream from a leaf
+   * node through `$JS.<domain>.API`.
+   *
+   * @default {none}
+   */
+  domain?: string;
+  /**
    * Also listen for WebSocket clients (without TLS) on a random loopback
    * port, reported as {@linkcode NatsServer.wsUrl}.
    *
@@ -802,7 +810,12 @@ function renderConfig(
     `ports_file_dir: ${JSON.stringify(dir)}`,
   ];
   if (options.jetstream !== false) {
-    lines.push(`jetstream { store_dir: ${JSON.stringify(storeDir)} }`);
+    const domain = options.domain === undefined
+      ? ""
+      : `, domain: ${JSON.stringify(options.domain)}`;
+    lines.push(
+      `jetstream { store_dir: ${JSON.stringify(storeDir)}${domain} }`,
+    );
   }
   if (ports.ws !== undefined) {
     lines.push(
