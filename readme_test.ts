@@ -285,6 +285,9 @@ describe("the README's and docs' code blocks, run as written", () => {
       "edge-server",
       "edge-app",
       "edge-run",
+      "leaf-servers",
+      "leaf-app",
+      "leaf-run",
       "examples-run",
       "events",
       "otel-metrics",
@@ -763,6 +766,83 @@ describe("the README's and docs' code blocks, run as written", () => {
         assert.match(ex.stdout, /\] released 'orders' and closed/);
       } finally {
         await stopGroup(ws.child);
+      }
+    },
+  );
+
+  test(
+    "docs/runtimes.md's hub and leaf servers, and a lease taken from the leaf in the hub's domain",
+    {
+      timeout: 120_000,
+      skip: runtime === "node" ? false : "run once, under node --test",
+    },
+    async () => {
+      const ports: Record<string, number> = {
+        "4222": await freePort(),
+        "4223": await freePort(),
+        "7422": await freePort(),
+      };
+      const code = (s: string) =>
+        s.replace(/\b(4222|4223|7422)\b/g, (p) => String(ports[p]))
+          .replaceAll("../lease-quickstart", qs)
+          .replaceAll(".tools/hub-data", path.join(tmp, "hub-data"))
+          .replaceAll(".tools/leaf-data", path.join(tmp, "leaf-data"))
+          .replaceAll(".tools/hub.conf", path.join(tmp, "hub.conf"))
+          .replaceAll(".tools/leaf.conf", path.join(tmp, "leaf.conf"));
+      const servers = await startServerBlock(
+        code(block("leaf-servers")),
+        ports["4223"]!,
+      );
+      const { connect } = await import("@nats-io/transport-node");
+      const { jetstreamManager } = await import("@nats-io/jetstream");
+      const leafNc = await connect({ servers: `127.0.0.1:${ports["4223"]}` });
+      const hubNc = await connect({
+        servers: `127.0.0.1:${ports["4222"]}`,
+        reconnectTimeWait: 100,
+        maxReconnectAttempts: -1,
+        waitOnFirstConnect: true,
+      });
+      try {
+        // The leaf retries its hub every second: wait until the hub's
+        // domain answers through it.
+        const t0 = performance.now();
+        for (;;) {
+          try {
+            await leafNc.request("$JS.hub.API.INFO", undefined, {
+              timeout: 500,
+            });
+            break;
+          } catch (err) {
+            assert.ok(
+              performance.now() - t0 < 15_000,
+              `the hub's domain never answered on the leaf: ${err}\n${servers.log()}`,
+            );
+            await new Promise((r) => setTimeout(r, 100));
+          }
+        }
+        fs.writeFileSync(path.join(qs, "leaf.js"), code(block("leaf-app")));
+        const r = await run(
+          "bash",
+          ["-euo", "pipefail", "-c", code(block("leaf-run"))],
+          qs,
+          env,
+          90_000,
+        );
+        assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}\n${servers.log()}`);
+        assert.match(
+          r.stdout,
+          /^wrote "counter" from the leaf under epoch \d+$/m,
+        );
+        // The bucket is the hub's; the leaf's own domain has none.
+        await (await jetstreamManager(hubNc)).streams.info("KV_leases");
+        await assert.rejects(
+          (await jetstreamManager(leafNc)).streams.info("KV_leases"),
+          /stream not found/i,
+        );
+      } finally {
+        await leafNc.close();
+        await hubNc.close();
+        await stopGroup(servers.child);
       }
     },
   );
