@@ -1,3 +1,5 @@
+// test.sh: first server only: the endpoint reads local state; a frozen
+// server is frozen alike on every version.
 // examples/healthz.ts as a child process of this test's runtime against a
 // real nats-server: /healthz answers 200, then 503 while the server is
 // frozen (SIGSTOP), then 200 again once it is thawed.

@@ -1,3 +1,5 @@
+// test.sh: first server only: instrument() wraps the public interface; what
+// differs between NATS servers is covered by the lease tests.
 // instrument() of otel.ts against a real nats-server, read through the real
 // OpenTelemetry SDK: a holder change and a loss in lease.transitions, guard
 // durations and counts with their attributes, rejections by error class,
