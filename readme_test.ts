@@ -610,10 +610,10 @@ describe("the README's and docs' code blocks, run as written", () => {
       const first = seen[0]!.node;
       const mine = seen.filter((a) => a.node === first);
       const all = "0,1,2,3,4,5,6,7";
-      // Its first assignment may come before it took any shard.
-      assert.equal(
-        mine.find((a) => a.owned.length > 0)?.owned.join(","),
-        all,
+      // Alone, it comes to own all eight (its first assignments may show
+      // the shards it took so far).
+      assert.ok(
+        mine.some((a) => a.members === 1 && a.owned.join(",") === all),
         r.stdout,
       );
       assert.ok(
