@@ -1,3 +1,5 @@
+// test.sh: first server only: a test of the launcher; every test that
+// starts 2.9.10 (single servers and clusters) goes through it too.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
