@@ -171,7 +171,8 @@ const STALL_MS = 5_000;
  * Lists every key of the bucket below `prefix` (`prefix.<anything>`; every
  * key when undefined), sorted: one ephemeral consumer that delivers the
  * last message of each subject, read until it reports nothing pending, then
- * deleted.
+ * deleted; then the stream's subject list, against which a key written
+ * while we read and so missed is read by itself.
  *
  * @param nc The connection.
  * @param bucket The bucket.
@@ -228,6 +229,33 @@ export async function listKeys(
     }
   } finally {
     await jsm.consumers.delete(view.stream, ci.name).catch(() => {});
+  }
+  // A key written while we read can be missed: the write removes the last
+  // message the consumer was to deliver (history 1), and the server may
+  // report nothing pending before it delivers the new one (seen on 2.9.10
+  // with a holder renewing during the listing). The stream's subject list
+  // names every key in one request; a key missing from what we read is read
+  // by itself, which is rare.
+  const si = await jsm.streams.info(view.stream, {
+    subjects_filter: filterOf(bucket, prefix),
+  });
+  for (const subject of Object.keys(si.state.subjects ?? {})) {
+    const key = subject.slice(skip);
+    if (last.has(key)) continue;
+    try {
+      const sm = await jsm.streams.getMessage(view.stream, {
+        last_by_subj: subject,
+      });
+      if (sm === null) continue;
+      last.set(key, {
+        seq: sm.seq,
+        headers: sm.header,
+        data: sm.data,
+        time: sm.time.getTime(),
+      });
+    } catch {
+      // Gone since (expired or purged): not listed, as if read a moment later.
+    }
   }
   const now = view.now();
   return [...last].sort(([a], [b]) => a < b ? -1 : a > b ? 1 : 0)

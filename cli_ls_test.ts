@@ -140,6 +140,11 @@ describe("lease ls and lease watch --prefix", () => {
       );
       await a.release("w.k");
       await guardUntil(b, "w.k", () => {}, 3 * TTL);
+      // The bucket keeps one message per key: an entry replaced before the
+      // server's consumer loop delivered it is never delivered (a take and
+      // a release a millisecond apart, as a CI run under Bun saw). So b
+      // lets go once the watch has shown it.
+      await until(() => /w\.k: b epoch/.test(w.out()), 5_000, "the watch: b");
       await b.release("w.k");
       // Past the TTL of s.expired (and of w.ghost) and, with markers, the
       // server's marker written (at most ~250 ms late). Then the release
@@ -232,6 +237,32 @@ describe("lease ls and lease watch --prefix", () => {
     } finally {
       await b.close();
     }
+  });
+
+  test("listKeys lists every held key while its holder renews them throughout the listing", async () => {
+    const keys = Array.from({ length: 20 }, (_, i) => `busy.k${i}`);
+    await Promise.all(keys.map((k) => guardUntil(a, k, () => {}, 3 * TTL)));
+    // Every key's entry moves on each guard (a compare-and-set), back to
+    // back, while the listings run.
+    let stop = false;
+    const hammer = Promise.all(keys.map(async (k) => {
+      while (!stop) await a.guard(k, () => {}).catch(() => {});
+    }));
+    try {
+      for (let i = 0; i < 15; i++) {
+        const rows = await listKeys(nc, bucket, "busy");
+        assert.deepEqual(
+          rows.map((r) => r.key),
+          [...keys].sort(),
+          `listing ${i}: ${rows.map((r) => r.key).join(",")}`,
+        );
+        assert.ok(rows.every((r) => r.state === "held" && r.holder === "a"));
+      }
+    } finally {
+      stop = true;
+      await hammer;
+    }
+    await Promise.all(keys.map((k) => a.release(k)));
   });
 
   test("rowOf: an entry past the TTL that the server still shows is expired; an untagged delete is removed, a tagged one released", () => {
