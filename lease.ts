@@ -545,6 +545,45 @@ export class RenewalFailedEvent extends Event {
 }
 
 /**
+ * Dispatched (type `"renewed"`) when a renewal the manager made on its own
+ * timer confirmed a held key. Guards that renew a key on their way (the
+ * default CAS check) dispatch nothing: a key they keep busy is rarely
+ * renewed by the timer, and their round trip is the guard's own.
+ *
+ * @example Log slow renewals
+ * ```ts ignore
+ * leases.addEventListener("renewed", (e) => {
+ *   if (e.duration > 100) console.warn(`${e.key}: renewal took ${e.duration} ms`);
+ * });
+ * ```
+ */
+export class LeaseRenewedEvent extends Event {
+  /** The store key. */
+  readonly key: string;
+  /** The tenure's fencing epoch. */
+  readonly epoch: number;
+  /**
+   * Milliseconds from the renewal's start until the server confirmed it:
+   * one round trip, more when a reply was lost and the key was read.
+   */
+  readonly duration: number;
+
+  /**
+   * Made by the manager; exported for listeners' types and tests.
+   *
+   * @param key The store key.
+   * @param epoch The fencing epoch.
+   * @param duration Milliseconds the renewal took.
+   */
+  constructor(key: string, epoch: number, duration: number) {
+    super("renewed");
+    this.key = key;
+    this.epoch = epoch;
+    this.duration = duration;
+  }
+}
+
+/**
  * Dispatched (type `"defunct"`) once, when the manager stops vouching for
  * anything for good: the bucket deleted or re-created, the connection
  * closed, or the server found to have lost writes it acknowledged.
@@ -582,6 +621,8 @@ export interface LeaseEventMap {
   released: LeaseReleasedEvent;
   /** A renewal failed. */
   "renewal-failed": RenewalFailedEvent;
+  /** The renewal timer renewed a key. */
+  renewed: LeaseRenewedEvent;
   /** The manager stopped for good. */
   defunct: LeaseDefunctEvent;
 }
@@ -1707,6 +1748,8 @@ class KeyState {
   gone = false;
   /** When a guard last used the key (for `idleRelease`). */
   lastUse = 0;
+  /** The renewal timer asked for the next operation (for `renewed`). */
+  renewalDue = false;
 
   constructor(key: string, subject: string) {
     this.key = key;
@@ -1957,6 +2000,8 @@ class Manager extends EventTarget implements LeaseManager {
     EventListenerOrEventListenerObject,
     EventListener
   >();
+  /** Someone listened for `renewed`: only then is one made per renewal. */
+  #renewedHeard = false;
   /** A report that tells the manager's listeners of `st`'s tenure's end. */
   #reporter(st: KeyState): TenureReport {
     return (t, reason, why) => {
@@ -2820,8 +2865,18 @@ class Manager extends EventTarget implements LeaseManager {
         if (this.#defunct) throw new UnavailableError(st.key, this.#defunct);
         // A key given up sends nothing more: its guards see the release
         // and claim the key again once it has finished.
+        const timed = st.renewalDue;
+        st.renewalDue = false;
         if (!this.#givenUp(st)) {
-          await (st.held ? this.#renew(st) : this.#acquire(st));
+          if (st.held) {
+            const t = st.tenure!, t0 = this.#port.now();
+            await this.#renew(st);
+            if (timed && this.#renewedHeard && st.held && st.tenure === t) {
+              this.#emit(
+                new LeaseRenewedEvent(st.key, t.epoch, this.#port.now() - t0),
+              );
+            }
+          } else await this.#acquire(st);
         }
         b.resolve();
       } catch (err) {
@@ -3360,7 +3415,10 @@ class Manager extends EventTarget implements LeaseManager {
     }
     // A guard may have renewed since this was planned: plan anew from then.
     if (st.renewAt > now) this.#plan(st, st.renewAt);
-    else void this.#sync(st, undefined);
+    else {
+      st.renewalDue = true;
+      void this.#sync(st, undefined);
+    }
   }
 
   #stopRenewals(): void {
@@ -3532,6 +3590,7 @@ class Manager extends EventTarget implements LeaseManager {
     options?: boolean | AddEventListenerOptions,
   ): void {
     if (listener === null) return;
+    if (type === "renewed") this.#renewedHeard = true;
     let guarded = this.#guarded.get(listener);
     if (!guarded) {
       // A listener's exception would otherwise reach the runtime as an

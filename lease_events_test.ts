@@ -18,6 +18,7 @@ import {
   LeaseLostEvent,
   type LeaseManager,
   LeaseReleasedEvent,
+  LeaseRenewedEvent,
   RenewalFailedEvent,
 } from "./mod.ts";
 import {
@@ -38,6 +39,7 @@ function record(m: LeaseManager): Event[] {
       "lost",
       "released",
       "renewal-failed",
+      "renewed",
       "defunct",
     ] as const
   ) {
@@ -117,6 +119,37 @@ describe("events and health()", () => {
     );
     assert.ok(a.health().ok);
     assert.equal(b.health().held, 1);
+  });
+
+  test("renewed: each renewal of the timer with its epoch and time; a key its CAS guards keep renewed gets none", async () => {
+    const bucket = uniq("ev");
+    const ttl = 1500;
+    const a = await manager("a", bucket, ttl);
+    const seen = record(a);
+    const epoch = await guardUntil(a, "k", (l) => l.epoch, 5000);
+    // The timer renews every TTL/3 (500 ms): two within 2 TTL.
+    await eventually(
+      () => of(seen, "renewed").length >= 2,
+      2 * ttl,
+      "two renewals",
+    );
+    for (const e of of(seen, "renewed")) {
+      assert.ok(e instanceof LeaseRenewedEvent);
+      assert.deepEqual([e.key, e.epoch], ["k", epoch]);
+      assert.ok(e.duration >= 0 && e.duration < ttl, `${e.duration} ms`);
+    }
+    // A CAS guard every 50 ms renews the key itself: for one TTL the timer
+    // never comes due, so nothing is dispatched.
+    await a.guard("k", () => {});
+    await sleep(10);
+    const before = of(seen, "renewed").length;
+    const until = performance.now() + ttl;
+    while (performance.now() < until) {
+      await a.guard("k", () => {});
+      await sleep(50);
+    }
+    assert.equal(of(seen, "renewed").length, before, "renewed during guards");
+    assert.deepEqual(of(seen, "renewal-failed"), []);
   });
 
   test("another node's write over the key: lost (overwritten, naming it)", async () => {

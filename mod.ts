@@ -50,6 +50,7 @@ export {
   type LeaseManager,
   type LeaseManagerOptions,
   LeaseReleasedEvent,
+  LeaseRenewedEvent,
   type LostReason,
   MIN_TTL,
   NotHolderError,

@@ -1,6 +1,7 @@
 /**
  * OpenTelemetry metrics for a {@linkcode LeaseManager}: holder changes,
- * guard outcomes and durations, renewal failures and the leases held.
+ * guard outcomes and durations, renewals and their failures, and the
+ * leases held.
  *
  * {@linkcode instrument} wraps a manager in one with the same interface
  * whose guards are measured, and listens to the manager's events. It is
@@ -41,6 +42,7 @@ import type {
   LeaseLostEvent,
   LeaseManager,
   LeaseReleasedEvent,
+  LeaseRenewedEvent,
   RenewalFailedEvent,
   WatchOptions,
 } from "./mod.ts";
@@ -202,7 +204,7 @@ export interface InstrumentOptions {
   meter?: Meter;
   /**
    * Add the store key as the `lease.key` attribute to guard, transition
-   * and renewal-failure measurements.
+   * and renewal measurements.
    *
    * **Warning:** every key becomes a time series of each instrument, kept
    * by the SDK (and the backend) for as long as the process lives, also
@@ -289,6 +291,7 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
   readonly #transitions: MetricCounter;
   readonly #rejections: MetricCounter;
   readonly #renewalFailures: MetricCounter;
+  readonly #renewalDuration: MetricHistogram;
   readonly #held: object;
   readonly #guards: object;
   readonly #observe: (result: BatchResult) => void;
@@ -358,6 +361,12 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
         "Renewals of held keys that got no answer or could not be sent.",
       unit: "{renewal}",
     });
+    this.#renewalDuration = meter.createHistogram("lease.renewal.duration", {
+      description:
+        "Duration of the renewals the manager makes on its timer, until the server confirmed them.",
+      unit: "s",
+      advice: { explicitBucketBoundaries: [...GUARD_DURATION_BUCKETS] },
+    });
     this.#held = meter.createObservableUpDownCounter("lease.held", {
       description: "Keys this manager holds.",
       unit: "{lease}",
@@ -390,6 +399,7 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
       ["lost", (e) => this.#transition(e as LeaseLostEvent)],
       ["released", (e) => this.#transition(e as LeaseReleasedEvent)],
       ["renewal-failed", (e) => this.#renewalFailed(e as RenewalFailedEvent)],
+      ["renewed", (e) => this.#renewed(e as LeaseRenewedEvent)],
     ];
     for (const [type, listener] of this.#listeners) {
       inner.addEventListener(type, listener);
@@ -427,6 +437,13 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
     const attrs: MetricAttributes = { "error.type": errorType(e.error) };
     if (this.#perKey) attrs["lease.key"] = e.key;
     this.#renewalFailures.add(1, attrs);
+  }
+
+  #renewed(e: LeaseRenewedEvent): void {
+    this.#renewalDuration.record(
+      e.duration / 1000,
+      this.#perKey ? { "lease.key": e.key } : undefined,
+    );
   }
 
   /** Counts, and with `timed`, records a settled guard. */
@@ -838,7 +855,7 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
 /**
  * Measures a lease manager with OpenTelemetry: returns a manager with the
  * same interface whose guards are counted and timed, and listens to the
- * manager's events for holder changes and renewal failures. Use the
+ * manager's events for holder changes and renewals. Use the
  * returned manager for the guards to be measured; events and `lease.held`
  * are measured whichever one the guards go through.
  *
@@ -850,14 +867,17 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
  * | `lease.guard.duration`   | Histogram               | `s`            | `lease.check`, `lease.guard.outcome`, `error.type`                 |
  * | `lease.guard.rejections` | Counter                 | `{guard}`      | `error.type`                                                       |
  * | `lease.renewal.failures` | Counter                 | `{renewal}`    | `error.type`                                                       |
+ * | `lease.renewal.duration` | Histogram               | `s`            | none                                                               |
  *
  * `lease.guard.outcome` is `ok`, `not_holder` or `unavailable` (rejected
  * with `NotHolderError` or `UnavailableError` before
  * the write), or `error` (the write threw, or another rejection). With
  * `perKey`, `lease.key` is added to all but `lease.held`.
  *
- * The manager does not tell when a renewal succeeds, so there is no
- * renewal duration: a CAS-checked guard's duration is the same round trip.
+ * `lease.renewal.duration` times the renewals the manager makes on its
+ * timer (its `renewed` events). A key kept busy by CAS-checked guards is
+ * renewed by them instead, and their round trip is in
+ * `lease.guard.duration`.
  *
  * @param leases The manager to measure.
  * @param options The meter, `perKey`, `leaseDurations` and the manager's `check`.

@@ -14,6 +14,7 @@ import { spawn } from "node:child_process";
 import process from "node:process";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
@@ -170,6 +171,78 @@ describe("instrument()", () => {
     for (const p of [...ma.values(), ...mb.values()].flat()) {
       assert.ok(!("lease.key" in p.attrs), "a key attribute without perKey");
     }
+  });
+
+  test("lease.renewal.duration times the renewals; a paused server and a deleted bucket show as losses, failed renewals and nothing held", async () => {
+    const bucket = uniq("otel");
+    const { m: a, reader } = await measured("a", bucket);
+    const losses: string[] = [];
+    a.addEventListener("lost", (e) => losses.push(e.reason));
+    await acquire(a, "k");
+    // The manager's TTL is 1000 ms: its timer renews every 333 ms.
+    let got = await collect(reader);
+    await eventually(
+      async () => {
+        got = await collect(reader);
+        return (point(got, "lease.renewal.duration", {})?.count ?? 0) >= 2;
+      },
+      3000,
+      "two renewals to be timed",
+    );
+    const timed = point(got, "lease.renewal.duration", {})!;
+    assert.ok(
+      timed.sum! > 0 && timed.sum! < timed.count!,
+      JSON.stringify(timed),
+    );
+
+    // The server frozen past the deadline: renewals fail, the tenure ends.
+    await ns.pause();
+    try {
+      await eventually(() => losses.length > 0, 5000, "the loss by pause");
+    } finally {
+      await ns.resume();
+    }
+    await sleep(10);
+    got = await collect(reader);
+    const failed = point(got, "lease.renewal.failures", {
+      "error.type": "UnavailableError",
+    });
+    assert.ok(
+      (failed?.value ?? 0) >= 1,
+      JSON.stringify(got.get("lease.renewal.failures")),
+    );
+    assert.equal(
+      point(got, "lease.transitions", {
+        "lease.transition": "lost",
+        "lease.lost.reason": "expired",
+      })?.value,
+      1,
+    );
+    assert.equal(point(got, "lease.held", {})?.value, 0);
+
+    // Held again, then the bucket deleted under it.
+    await acquire(a, "k");
+    got = await collect(reader);
+    assert.equal(point(got, "lease.held", {})?.value, 1);
+    const jsm = await jetstreamManager(conns.at(-1)!);
+    await jsm.streams.delete(`KV_${bucket}`);
+    await eventually(() => losses.length > 1, 5000, "the loss by deletion");
+    await sleep(10);
+    got = await collect(reader);
+    assert.deepEqual(losses, ["expired", "defunct"]);
+    assert.equal(
+      point(got, "lease.transitions", {
+        "lease.transition": "lost",
+        "lease.lost.reason": "defunct",
+      })?.value,
+      1,
+    );
+    assert.equal(
+      point(got, "lease.transitions", { "lease.transition": "acquired" })
+        ?.value,
+      2,
+    );
+    assert.equal(point(got, "lease.held", {})?.value, 0);
   });
 
   test("guard() counts every guard by check and outcome, and times CAS guards (lease-checked ones with leaseDurations)", async () => {

@@ -276,6 +276,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       "cron",
       "cron-n",
       "cli-two-runs",
+      "cli-ls",
       "semaphore-app",
       "semaphore-run",
       "shards-app",
@@ -628,7 +629,7 @@ describe("the README's and docs' code blocks, run as written", () => {
   );
 
   test(
-    "lease run: the README's cron line, and the two runs of docs/cli.md, the second waiting for the first",
+    "lease run: the README's cron line, the two runs of docs/cli.md, the second waiting for the first, and lease ls while held and after",
     {
       timeout: 90_000,
       skip: runtime === "node" ? false : "run once, under node --test",
@@ -673,6 +674,33 @@ describe("the README's and docs' code blocks, run as written", () => {
       assert.equal(epochs.length, 2, two.stdout + two.stderr);
       assert.notEqual(epochs[0], epochs[1]);
       assert.ok(two.ms > 3_500, `the second did not wait: ${two.ms} ms`);
+      const ls = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("cli-ls"))],
+        dir,
+        nats,
+      );
+      assert.equal(ls.code, 0, `${ls.stdout}\n${ls.stderr}`);
+      // While held: the table's header, then the key held by lease run's node
+      // under the epoch lease run announced.
+      const took = /holding 'reports\.daily' as (\S+), epoch (\d+)/.exec(
+        ls.stderr,
+      );
+      assert.ok(took, ls.stderr);
+      const [head, row, json, ...rest] = ls.stdout.trim().split("\n");
+      assert.match(head!, /^KEY\s+STATE\s+HOLDER\s+EPOCH/);
+      assert.deepEqual(
+        row!.split(/\s+/).slice(0, 4),
+        ["reports.daily", "held", took[1], took[2]],
+      );
+      // Once released: the clean release's delete, nobody holding it.
+      const after = JSON.parse(json!);
+      assert.deepEqual(
+        [after.key, after.state, after.holder],
+        ["reports.daily", "released", null],
+        json,
+      );
+      assert.deepEqual(rest, [], ls.stdout);
     },
   );
 
