@@ -1533,12 +1533,25 @@ async function watchMany(a: Args): Promise<number> {
     } catch (err) {
       throw bucketFailure(a, err);
     }
+    let ended: Error | undefined;
     if (!stop.signal.aborted) {
-      await new Promise((r) =>
-        stop.signal.addEventListener("abort", r, { once: true })
-      );
+      ended = await Promise.race([
+        w.ended,
+        new Promise<undefined>((r) =>
+          stop.signal.addEventListener("abort", () => r(undefined), {
+            once: true,
+          })
+        ),
+      ]);
     }
     await w.stop();
+    if (ended !== undefined) {
+      throw new UnavailableError(
+        a.key,
+        `bucket '${a.bucket}' was deleted: the watch ended (${ended.message})`,
+        { cause: ended },
+      );
+    }
     return 0;
   } finally {
     process.off("SIGINT", onSig);

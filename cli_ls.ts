@@ -19,6 +19,8 @@ import {
   type ConsumerMessages,
   DeliverPolicy,
   jetstream,
+  JetStreamApiCodes,
+  JetStreamApiError,
   type JetStreamManager,
   jetstreamManager,
   type JsMsg,
@@ -266,6 +268,12 @@ export async function listKeys(
 export interface KeysWatch {
   /** Stops the watch and deletes what it opened on the server. */
   stop(): Promise<void>;
+  /**
+   * Resolves when the watch ended on its own: the bucket's stream was
+   * deleted (a `JetStreamApiError`, stream not found). Never resolves
+   * otherwise.
+   */
+  readonly ended: Promise<Error>;
 }
 
 /**
@@ -277,7 +285,8 @@ export interface KeysWatch {
  * the server writes a marker (2.9 and 2.10 write none). Follows the stream
  * with an ordered consumer from the last message of each subject; when
  * nats.js recreates that consumer (a reconnect, a gap) it starts a fresh
- * one, and the per-key state makes the replay print nothing twice.
+ * one, and the per-key state makes the replay print nothing twice. When
+ * the bucket is deleted, the watch ends (see {@linkcode KeysWatch.ended}).
  *
  * @param nc The connection.
  * @param bucket The bucket.
@@ -310,6 +319,18 @@ export async function watchKeys(
   let messages: ConsumerMessages | undefined;
   let wake: (() => void) | undefined;
   let backoff: ReturnType<typeof setTimeout> | undefined;
+  let end!: (err: Error) => void;
+  const ended = new Promise<Error>((resolve) => end = resolve);
+  /** The stream's own answer: gone, or anything else (kept watching). */
+  const gone = (): Promise<Error | undefined> =>
+    jsm.streams.info(view.stream).then(
+      () => undefined,
+      (err) =>
+        err instanceof JetStreamApiError &&
+          err.code === JetStreamApiCodes.StreamNotFound
+          ? err
+          : undefined,
+    );
 
   const show = (row: KeyRow): void => {
     const k = keys.get(row.key) ?? { who: "", seq: 0 };
@@ -357,8 +378,11 @@ export async function watchKeys(
           deliver_policy: DeliverPolicy.LastPerSubject,
         });
         if (stopped) break;
+        // A deleted stream (or consumer) ends the iteration with an error
+        // instead of retrying in silence; the stream's own info says which.
         const msgs = messages = await consumer.consume({
           max_messages: 1_000,
+          abort_on_missing_resource: true,
         });
         if (stopped) msgs.stop();
         void (async () => {
@@ -380,6 +404,11 @@ export async function watchKeys(
       }
       await drop();
       if (stopped || nc.isClosed()) break;
+      const err = await gone();
+      if (err !== undefined) {
+        if (!stopped) end(err);
+        break;
+      }
       await new Promise<void>((resolve) => {
         wake = resolve;
         backoff = setTimeout(resolve, Math.min(100 * 2 ** fails, 5_000));
@@ -388,6 +417,7 @@ export async function watchKeys(
   };
   const done = loop();
   return {
+    ended,
     async stop(): Promise<void> {
       stopped = true;
       clearTimeout(backoff);

@@ -280,6 +280,39 @@ describe("lease ls and lease watch --prefix", () => {
     );
   });
 
+  test("a deleted bucket ends lease watch --all, --prefix and KEY: one line naming it, exit 69", async () => {
+    const doomed = uniq("gone");
+    const d = await createLeaseManager({
+      nc,
+      node: "d",
+      bucket: doomed,
+      ttl: TTL,
+    });
+    try {
+      await guardUntil(d, "p.k", () => {}, 3 * TTL);
+      const at = ["--servers", ns.url, "--bucket", doomed];
+      const watches = [
+        lease(["watch", "--all", ...at]),
+        lease(["watch", "--prefix", "p", ...at]),
+        lease(["watch", "p.k", ...at]),
+      ];
+      await until(
+        () => watches.every((w) => /p\.k: d epoch \d+/.test(w.out())),
+        10_000,
+        "every watch to show d",
+      );
+      await (await jetstreamManager(nc)).streams.delete(`KV_${doomed}`);
+      for (const w of watches) {
+        // Before this, each kept waiting in silence (until killed).
+        const code = await Promise.race([w.exited, sleep(10_000)]);
+        assert.equal(code, 69, `still running or wrong exit:\n${w.err()}`);
+        assert.match(w.err(), /^lease: .*(deleted|gone)/m);
+      }
+    } finally {
+      await d.close();
+    }
+  });
+
   test("[figures] lease ls lists 10,000 keys", async () => {
     const big = uniq("big");
     const kv = await new Kvm(nc).create(big, { ttl: 60_000 });

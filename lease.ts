@@ -207,7 +207,12 @@
  *    and the manager stops for good (as for a re-created bucket, 7). A
  *    reply to a write sent before the drop and received after it is not
  *    trusted: it may have been applied by the new process over a revision
- *    it reused. So a successor that takes a key the lost tail emptied,
+ *    it reused. Nor is our entry above the revision we last confirmed when
+ *    a write of ours was in flight at the drop, or had gone unanswered
+ *    since the last one answered (a client may still hold it and send it to
+ *    the new process): the tenure ends (`"unproven"`). A release after an
+ *    unanswered write leaves the key to expire rather than delete what may
+ *    by then be another holder's entry. So a successor that takes a key the lost tail emptied,
  *    even at once, never writes beside this holder's writes from the
  *    drop on. Residue: a server whose machine vanishes without closing
  *    connections is noticed at the holder's next send (a CAS guard at
@@ -1178,12 +1183,15 @@ export interface LeaseManager extends AsyncDisposable, EventTarget {
    * every 25 ms from one TTL after the holder's last renewal was seen.
    *
    * Ends (returns) when `options.signal` aborts, the manager closes, or the
-   * connection closes for good. Iterators of one key share one watch.
+   * connection closes for good; throws {@linkcode UnavailableError} when
+   * the manager finds its bucket deleted or re-created. Iterators of one
+   * key share one watch.
    *
    * @param key The store key.
    * @param options A signal that ends the iteration.
    * @returns The holder, then each change of holder.
    * @throws {TypeError} The key is invalid or the manager is closed.
+   * @throws {UnavailableError} While iterating: the bucket was deleted or re-created.
    *
    * @example Route writes to the holder
    * ```ts ignore
@@ -1465,6 +1473,8 @@ export interface Port {
    * no subject delete marker delivers nothing (the manager's timers cover
    * it). `stop()` ends the watch and resolves once what it opened on the
    * server is gone (or could not be removed in time); no call follows it.
+   * When it finds the bucket's stream deleted or re-created (checked only
+   * after its consumer failed), it calls `onGone` once with why, and ends.
    *
    * Optional: without it, the manager reads the key every TTL/3 while
    * someone waits for it or watches it, and treats what it reads as the
@@ -1473,6 +1483,7 @@ export interface Port {
   watch?(
     subject: string,
     onEntry: (e: RawEntry | null) => void,
+    onGone?: (why: string) => void,
   ): { stop(): Promise<void> };
   /**
    * How long, in ms, the bucket's stream keeps a marker after an entry (or a
@@ -1670,6 +1681,14 @@ class Tenure {
    * applied by the server we reconnect to, after the suspension began.
    */
   crossed = false;
+  /**
+   * A CAS of this tenure timed out, and no later one was answered on the
+   * same connection: nats.js may still hold it unsent (a paused process
+   * wakes with its timers before its socket's news), and then sends it to
+   * whatever server the connection comes back to. At a drop this counts
+   * as a write in flight.
+   */
+  unanswered = false;
 
   /** Told once when the tenure ends, and why (the manager's events). */
   readonly #report: TenureReport | undefined;
@@ -2073,7 +2092,7 @@ class Manager extends EventTarget implements LeaseManager {
           t.suspended = true;
           t.suspendedAt = this.#moves;
         }
-        if (st.busy) t.crossed = true;
+        if (st.busy || t.unanswered) t.crossed = true;
       }
       return;
     }
@@ -2638,7 +2657,15 @@ class Manager extends EventTarget implements LeaseManager {
     this.#armWatch(kw);
     try {
       for (;;) {
-        if (signal?.aborted || kw.stopped || this.#closing) return;
+        if (signal?.aborted || this.#closing) return;
+        if (kw.stopped) {
+          // A bucket deleted or re-created (not a connection closed for
+          // good, which only ends the iteration): the caller must know.
+          if (this.#defunct !== undefined && !this.#port.isClosed()) {
+            throw new UnavailableError(key, this.#defunct);
+          }
+          return;
+        }
         const h = queue.shift();
         if (h !== undefined) {
           yield h;
@@ -2665,9 +2692,12 @@ class Manager extends EventTarget implements LeaseManager {
         w.handle = this.#port.watch(
           w.subject,
           (e) => this.#onNews(w, e === null ? null : toSeen(e)),
+          (why) => this.#goDefunct(why),
         );
       }
       this.#armWatch(w);
+      // A defunct manager's watches are over: this one too.
+      if (this.#defunct !== undefined) void this.#endWatch(w);
     }
     kw.users++;
     return kw;
@@ -3034,7 +3064,9 @@ class Manager extends EventTarget implements LeaseManager {
       } catch (err) {
         // No answer: the CAS may or may not have landed. Keep the claim
         // (the next CAS on the old revision settles it) and let the
-        // deadline withdraw our vouching if this lasts.
+        // deadline withdraw our vouching if this lasts. It may not even
+        // have left the process yet: see Tenure.unanswered.
+        st.tenure!.unanswered = true;
         this.#retryRenewal(st);
         throw new UnavailableError(
           st.key,
@@ -3060,6 +3092,9 @@ class Manager extends EventTarget implements LeaseManager {
           return;
         }
         st.rev = res.seq;
+        // Answered on the connection an unanswered CAS went out on, and
+        // behind it: that one has reached this server already.
+        st.tenure!.unanswered = false;
         this.#confirmed(st, sent);
         return;
       }
@@ -3479,15 +3514,15 @@ class Manager extends EventTarget implements LeaseManager {
         st.tenure?.end(new UnavailableError(st.key, why), now, "defunct");
       }
     }
+    // Nothing can come back to a watch now: end every one (its waiters
+    // then find the manager defunct, its iterators end).
+    for (const kw of [...this.#watches.values()]) void this.#endWatch(kw);
     // A manager closed before its connection was has nothing to report.
     if (!this.#stopped) this.#emit(new LeaseDefunctEvent(why));
   }
 
   #connectionClosed(): void {
     this.#goDefunct("the NATS connection is closed");
-    // Nothing can come back over a closed connection: end every watch (its
-    // waiters then find the manager defunct, its iterators end).
-    for (const kw of [...this.#watches.values()]) void this.#endWatch(kw);
   }
 
   release(key: string): Promise<void> {
@@ -3530,11 +3565,14 @@ class Manager extends EventTarget implements LeaseManager {
     // Only a release that leaves nothing owed may let a successor skip the
     // grace: our writes settled, our own grace (owed to the holder before
     // us) is over, and our lease is still confirmed, so nobody else can
-    // have written since our revision.
+    // have written since our revision. Not after an unanswered CAS: if it
+    // reaches a restarted server that reused our revision for another
+    // holder, our delete, sent the same way, would free that holder's key
+    // as a clean release.
     const live = st.held && t !== undefined && !t.controller.signal.aborted;
     const clean = st.held && !st.busy && st.writes === 0 &&
       now >= st.notBefore && t !== undefined && now < t.validUntil &&
-      !t.suspended && this.#linkUp && !this.#defunct &&
+      !t.suspended && !t.unanswered && this.#linkUp && !this.#defunct &&
       !this.#port.isClosed();
     // The tenure ends before the delete is sent: once a successor can see
     // the key free, this node's lease signal has aborted.
@@ -4158,8 +4196,17 @@ function natsPort(
       );
     },
     read,
-    watch(subject, onEntry) {
-      return watchSubject(nc, js, stream, subject, read, onEntry);
+    watch(subject, onEntry, onGone) {
+      // Asked only after the watch's consumer failed: one stream info.
+      const probe = () =>
+        checkIdentity().then(
+          () => undefined,
+          (err) => err instanceof BucketGone ? err.message : undefined,
+        );
+      return watchSubject(nc, js, stream, subject, read, onEntry, {
+        probe,
+        onGone,
+      });
     },
     async subjects(filter, timeout) {
       let si: StreamInfo;
@@ -4315,8 +4362,14 @@ function watchSubject(
     query: { readonly leader: boolean },
   ) => Promise<RawEntry | null>,
   onEntry: (e: RawEntry | null) => void,
+  gone?: {
+    probe: () => Promise<string | undefined>;
+    onGone: ((why: string) => void) | undefined;
+  },
 ): { stop(): Promise<void> } {
   let stopped = false;
+  /** The consumer failed or was deleted: the stream may be gone. */
+  let suspect = false;
   let last = -1;
   let consumer: Consumer | undefined;
   let messages: ConsumerMessages | undefined;
@@ -4365,6 +4418,15 @@ function watchSubject(
               msgs.stop();
               return;
             }
+            // A deleted bucket takes its consumers with it, and nats.js
+            // would retry in silence: stop, and ask the stream below.
+            if (
+              s.type === "consumer_deleted" || s.type === "stream_not_found"
+            ) {
+              suspect = true;
+              msgs.stop();
+              return;
+            }
           }
         })().catch(() => {});
         for await (const m of msgs) {
@@ -4373,8 +4435,20 @@ function watchSubject(
         }
       } catch {
         fails++;
+        suspect = true;
       }
       if (stopped || nc.isClosed()) return;
+      if (suspect && gone?.onGone) {
+        // A deleted or re-created bucket never comes back to this watch:
+        // say so, so that its waiters and iterators stop waiting.
+        suspect = false;
+        const why = await gone.probe();
+        if (stopped) return;
+        if (why !== undefined) {
+          gone.onGone(why);
+          return;
+        }
+      }
       await drop();
       await new Promise<void>((resolve) => {
         wake = resolve;

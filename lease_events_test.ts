@@ -244,6 +244,48 @@ describe("events and health()", () => {
     assert.match(h.defunct ?? "", /gone/);
   });
 
+  test("a deleted bucket, seen by a manager that holds nothing: its watch throws, its waiting guard rejects, it goes defunct", async () => {
+    const bucket = uniq("ev");
+    // A TTL long enough that nothing but the watch can tell in time.
+    const w = await manager("w", bucket, 10_000);
+    const seen = record(w);
+    // Another node's entry, written as the Go reference writes one: w waits.
+    const kv = await new Kvm(conns.at(-1)!).open(bucket);
+    await kv.put("k", "h");
+    const holders: (string | null)[] = [];
+    const watching = (async () => {
+      for await (const x of w.watch("k")) holders.push(x?.node ?? null);
+    })();
+    const waiting = w.guard("k", () => {}, { wait: true });
+    await eventually(() => holders.length > 0, 5000, "the watch's first news");
+    assert.deepEqual(holders, ["h"]);
+    const t0 = performance.now();
+    await jetstreamManager(conns.at(-1)!).then((jsm) =>
+      jsm.streams.delete(`KV_${bucket}`)
+    );
+    await assert.rejects(watching, (err: Error) => {
+      assert.equal(err.name, "UnavailableError");
+      assert.match(err.message, /gone/);
+      return true;
+    });
+    const ms = Math.round(performance.now() - t0);
+    await assert.rejects(waiting, { name: "UnavailableError" });
+    await sleep(10);
+    assert.equal(of(seen, "defunct").length, 1);
+    assert.match(w.health().defunct ?? "", /gone/);
+    // Well within the TTL (10 s): the watch told, not a read one TTL after
+    // the holder's entry was seen (the only way before it told).
+    assert.ok(ms < 5_000, `${ms} ms`);
+    console.log(`[figures] watch ended ${ms} ms after the bucket's deletion`);
+    // A watch begun on the defunct manager ends the same way.
+    await assert.rejects(
+      (async () => {
+        for await (const _ of w.watch("k2")) { /* nothing comes */ }
+      })(),
+      { name: "UnavailableError" },
+    );
+  });
+
   test("a listener that throws breaks neither the manager nor the other listeners; removeEventListener and close()", async () => {
     const bucket = uniq("ev");
     const a = await manager("a", bucket);

@@ -210,6 +210,16 @@ export interface Plan {
   lostTail: number;
   /** The lost tail reaches back to (and over) the latest holder's acquire. */
   coverAcquire: boolean;
+  /**
+   * Instead of at `restartAt`, the restart comes as a holder sends its
+   * first renewal after an acquire (not before `restartAt`), pausing that
+   * holder with the renewal still inside it (frozen) for the server's
+   * downtime and up to TTL/2 more, and losing just the acquire: the held
+   * renewal then reaches the restarted server, where the acquire's
+   * sequence may have been reused by another holder (hole R2). Only set
+   * by a focus, never drawn.
+   */
+  crossAtRestart: boolean;
   restartGap: number;
   /** Mean time between connection blips (down, back on the same server), ms (0: none). */
   blipEvery: number;
@@ -371,6 +381,7 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     restartAt: 0,
     lostTail: 0,
     coverAcquire: false,
+    crossAtRestart: false,
     restartGap: 0,
     blipEvery: 0,
   };
@@ -524,6 +535,8 @@ export async function runHistory(
     ) defunct.set(m.label, sched.now);
   };
   let quiet = false;
+  /** The server restart (at most one per history) happened. */
+  let restarted = false;
   let episode: Episode | undefined;
 
   // A storm of operator deletes and purges on a key, each within one
@@ -582,6 +595,27 @@ export async function runHistory(
         req.expect > 0 && rStorm.chance(plan.storms)
       ) {
         storm(key);
+      }
+      if (
+        plan.crossAtRestart && plan.serverRestart && !quiet && !restarted &&
+        req?.op === "PUT" && req.expect > 0 &&
+        sched.now >= plan.restartAt * plan.duration &&
+        kv.tailSeq() === req.expect &&
+        /^lease:[^:]+:0:/.test(
+          kv.recent().find((e) => e.seq === req.expect)?.msgId ?? "",
+        )
+      ) {
+        // The first renewal after an acquire that is the bucket's last
+        // message: freeze it inside its paused sender, and restart the
+        // server losing that acquire.
+        const len = plan.restartGap + rRestart.between(0, ttl / 2);
+        sched.at(sched.now, () => {
+          if (!quiet) node.pause(sched.now + len);
+        }, { pure: true });
+        // A microsecond later: the writes begun with the renewal started
+        // before the loss, as the checks' residue rule counts them.
+        sched.at(sched.now + 0.001, () => restartServer(1), { pure: true });
+        return;
       }
       // Pauses aimed at the moment a request is in flight, the window
       // where a late reply meets a passed deadline.
@@ -1049,18 +1083,21 @@ export async function runHistory(
   // A server restart that loses its last acknowledged messages (point 10
   // of lease.ts; durability in its header): every connection drops and
   // comes back to another server process.
-  if (plan.serverRestart) {
-    sched.at(plan.restartAt * plan.duration, () => {
-      if (quiet || kv.gone) return;
+  function restartServer(lose?: number): void {
+    if (quiet || kv.gone || restarted) return;
+    restarted = true;
+    {
       const t = sched.now;
-      let k = plan.lostTail;
+      let k = lose ?? plan.lostTail;
       if (plan.coverAcquire) {
         // Back to (and over) the latest acquire still in reach: a holder
         // whose tenure the server forgets, renewals and all.
         const acq = kv.recent().find((e) =>
           /^lease:[^:]+:0:/.test(e.msgId ?? "")
         );
-        if (acq) k = kv.tailSeq() - acq.seq + 1 + rRestart.int(2);
+        if (acq && lose === undefined) {
+          k = kv.tailSeq() - acq.seq + 1 + rRestart.int(2);
+        }
       }
       const lost = kv.loseTail(Math.min(k, MAX_LOST));
       const back = t + plan.restartGap;
@@ -1074,7 +1111,10 @@ export async function runHistory(
       for (const m of mgrs) {
         m.node.drop(back + rRestart.between(0, 2 * plan.maxDelay), "other");
       }
-    });
+    }
+  }
+  if (plan.serverRestart && !plan.crossAtRestart) {
+    sched.at(plan.restartAt * plan.duration, () => restartServer());
   }
 
   // Connection blips: one process's connection drops and comes back to the
