@@ -94,24 +94,6 @@ const MARKER_EDIT_FOCUS: SimOptions = {
 };
 
 /**
- * Where a write crosses a lost tail: a restart in every history, reaching
- * back over a holder's acquire, on one key, with processes paused often
- * and holding their unsent requests (what a paused process had not sent
- * at the drop, nats.js sends to the restarted server).
- */
-const RESTART_FOCUS: SimOptions = {
-  ttls: [1000],
-  restartChance: 1,
-  override: {
-    keys: 1,
-    coverAcquire: true,
-    freeze: true,
-    pauseEvery: 1500,
-    pauseOnSend: 0.05,
-  },
-};
-
-/**
  * The histories hole R2 needs: one key, releases often (a clean release
  * lets the next holder write at once), and the restart timed to a holder's
  * first renewal after its acquire, frozen inside it while the server loses
