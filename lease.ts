@@ -2899,7 +2899,10 @@ class Manager extends EventTarget implements LeaseManager {
         st.renewalDue = false;
         if (!this.#givenUp(st)) {
           if (st.held) {
-            const t = st.tenure!, t0 = this.#port.now();
+            // Timed only when a listener will hear of it: a CAS guard's
+            // batch reads no clock for this.
+            const t = st.tenure!;
+            const t0 = timed && this.#renewedHeard ? this.#port.now() : 0;
             await this.#renew(st);
             if (timed && this.#renewedHeard && st.held && st.tenure === t) {
               this.#emit(

@@ -401,6 +401,19 @@ export const MUTANTS: readonly Mutant[] = [
     edits: [["    if (ours && !t.crossed) {", "    if (ours) {"]],
   },
   {
+    name: "release_after_unanswered",
+    hole: "R2b",
+    description:
+      "a release after a CAS that got no answer deletes the entry as a clean release (the CAS may reach a restarted server that reused our revision for another holder, and the delete then frees that holder's key)",
+    expect: "P1",
+    seed: 2166,
+    focus: CROSS_FOCUS,
+    edits: [[
+      "!t.suspended && !t.unanswered && this.#linkUp",
+      "!t.suspended && this.#linkUp",
+    ]],
+  },
+  {
     name: "other_server_as_same",
     hole: "R3",
     description:
