@@ -105,9 +105,15 @@ function run(
   // Set by `node --test`; a child node process that sees it reports as a
   // test file.
   delete all.NODE_TEST_CONTEXT;
+  // execFile gives the child a socket for stdin, and bash whose stdin is a
+  // socket thinks sshd started it: when SHLVL is unset it then reads
+  // /etc/bash.bashrc, which on Debian fails under `set -u` (a test run
+  // once failed on "PS1: unbound variable"). A pasted block runs in the
+  // user's own shell, so a startup file has no part in what is tested.
+  const argv = file === "bash" ? ["--norc", ...args] : args;
   const t0 = performance.now();
   return new Promise((resolve) => {
-    execFile(file, args, {
+    execFile(file, argv, {
       cwd,
       env: all,
       timeout,

@@ -375,13 +375,30 @@ async function createBucket(
   ttl: number,
   replicas: number,
 ): Promise<void> {
+  // A replicated stream's first creation on a cluster just formed waits for
+  // its own leader election; once in a CI run on 2 cores that took longer
+  // than 20 s. Creating again with the same config is idempotent (the
+  // server answers with the stream if the first request went through late),
+  // so a timeout is retried, and said, until a minute has passed.
   const nc = await connect({ servers: urls });
+  const started = performance.now();
   try {
-    await new Kvm(jetstream(nc, { timeout: 20_000 })).create(bucket, {
-      ttl,
-      history: 1,
-      replicas,
-    });
+    for (let attempt = 1;; attempt++) {
+      try {
+        await new Kvm(jetstream(nc, { timeout: 20_000 })).create(bucket, {
+          ttl,
+          history: 1,
+          replicas,
+        });
+        return;
+      } catch (err) {
+        const waited = Math.round(performance.now() - started);
+        if (!/timeout/i.test(String(err)) || waited > 60_000) throw err;
+        console.error(
+          `chaos: creating bucket ${bucket} (replicas ${replicas}) timed out, attempt ${attempt} after ${waited} ms in all; trying again`,
+        );
+      }
+    }
   } finally {
     await nc.close();
   }

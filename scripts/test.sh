@@ -23,7 +23,7 @@
 #   LEASE_SKIP_SETUP=1      do not run scripts/setup.sh first
 #
 # Prints one line per runtime and server, e.g.
-#   deno  server 2.15.2: 12 passed, 0 failed, 0 skipped (34 s)
+#   deno  server 2.15.2: 12 passed, 0 failed, 0 skipped (34 s, at most 40 open descriptors)
 # and last "N passed, N failed, N skipped". Exits non-zero if anything failed. Each
 # run's full output is kept in a log under a temp dir; a failing run's tail is
 # printed.
@@ -304,6 +304,32 @@ skipped_names() {
   esac
 }
 
+# Samples how many descriptors the runtime under `timeout` PID holds, twice
+# a second, until it exits, and writes the peak, when it was reached, the
+# test file then running (bun and deno print a "file.ts:" header per file)
+# and what the descriptors were to FILE. A CI run once saw Bun, which runs
+# every file in one process, fail with EMFILE at 20,000 descriptors; this
+# is how the next one is caught in the act.
+sample_fds() {
+  local group="$1" out="$2" log="$3" p="" n peak=0
+  while kill -0 "$group" 2>/dev/null; do
+    [[ -n "$p" && -d "/proc/$p" ]] || p="$(pgrep -P "$group" | head -n 1)" || p=""
+    if [[ -n "$p" ]]; then
+      n="$(find "/proc/$p/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)"
+      if ((n > peak)); then
+        peak=$n
+        {
+          echo "$peak"
+          echo "at $(date +%T), $((SECONDS - started)) s into the run, in $(grep -E '^[A-Za-z0-9_./-]+_test\.ts:$' "$log" | tail -n 1 | tr -d :)"
+          find "/proc/$p/fd" -mindepth 1 -maxdepth 1 -printf '%l\n' 2>/dev/null |
+            sed -E 's/:\[[0-9]+\]$//; s#^/.*#file#' | sort | uniq -c | sort -rn
+        } >"$out.tmp" && mv "$out.tmp" "$out"
+      fi
+    fi
+    sleep 0.5
+  done
+}
+
 failed_names=()
 total_passed=0
 total_failed=0
@@ -341,10 +367,15 @@ for runtime in "${runtimes[@]}"; do
     NATS_SERVER_BIN="$bin" timeout -k 10 "$run_timeout" "${cmd[@]}" \
       </dev/null >>"$log" 2>&1 &
     group=$!
+    fds="$logdir/$runtime-$server.fds"
+    sample_fds "$group" "$fds" "$log" &
+    sampler=$!
     rc=0
     wait "$group" || rc=$?
     cleanup_group
+    wait "$sampler" 2>/dev/null || true
     elapsed=$((SECONDS - started))
+    peak_fds="$(head -n 1 "$fds" 2>/dev/null)" || peak_fds=""
 
     summary="$(parse_summary "$runtime" "$log")"
     note=""
@@ -365,8 +396,12 @@ for runtime in "${runtimes[@]}"; do
         note=" [exit code $rc]"
       fi
     fi
-    printf '%-5s server %s: %d passed, %d failed, %d skipped (%d s)%s\n' \
-      "$runtime" "$version" "$passed" "$failed" "$skipped" "$elapsed" "$note"
+    printf '%-5s server %s: %d passed, %d failed, %d skipped (%d s, at most %s open descriptors)%s\n' \
+      "$runtime" "$version" "$passed" "$failed" "$skipped" "$elapsed" "${peak_fds:-?}" "$note"
+    if grep -q 'EMFILE\|too many open files' "$log"; then
+      echo "----- $runtime ran out of descriptors; its peak, $fds: -----"
+      cat "$fds" 2>/dev/null || echo "(not sampled)"
+    fi
     if ((failed > 0)); then
       # Each failed test with its error as the runtime printed it (cluster
       # tests add their servers' last log lines to the error), then the
