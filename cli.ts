@@ -23,7 +23,11 @@ import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
-import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
+import {
+  jetstream,
+  JetStreamApiCodes,
+  JetStreamApiError,
+} from "@nats-io/jetstream";
 import { type KeyRow, type KeysWatch, listKeys, watchKeys } from "./cli_ls.ts";
 import {
   cgroupProcs,
@@ -154,6 +158,13 @@ const OPTIONS: readonly Opt[] = [
     arg: "NAME",
     subs: SUBS,
     text: "lease bucket (default: leases)",
+  },
+  {
+    flag: "--domain",
+    arg: "NAME",
+    subs: SUBS,
+    text: "JetStream domain of the bucket, for a client of a leaf node\n" +
+      "whose bucket is in the hub's domain (default: the server's own)",
   },
   {
     flag: "--node",
@@ -465,6 +476,8 @@ interface Args {
   key: string;
   servers: string[];
   bucket: string;
+  /** `--domain NAME`: the JetStream domain every request is addressed to. */
+  domain?: string;
   ttl?: number;
   node: string;
   killAfter?: number;
@@ -599,6 +612,19 @@ function parse(argv: string[]): Args {
       case "--bucket":
         a.bucket = value();
         break;
+      case "--domain": {
+        // One subject token: requests go to `$JS.<domain>.API.>`.
+        const v = value();
+        if (!/^[^\s.*>]+$/.test(v)) {
+          throw fail(
+            `--domain needs a JetStream domain (one subject token: no '.', '*', '>' or spaces): received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        a.domain = v;
+        break;
+      }
       case "--node":
         a.node = value();
         break;
@@ -758,6 +784,7 @@ async function open(
       node: opts.node ?? a.node,
       bucket: a.bucket,
       createBucket: opts.createBucket,
+      ...(a.domain === undefined ? {} : { domain: a.domain }),
       ...(a.ttl === undefined ? {} : { ttl: a.ttl }),
     });
     return { nc, leases };
@@ -774,14 +801,21 @@ async function open(
  */
 async function bucketTtl(
   nc: NatsConnection,
-  bucket: string,
+  a: Args,
 ): Promise<number | undefined> {
   try {
-    return (await (await new Kvm(nc).open(bucket)).status()).ttl;
+    return (await (await kvm(nc, a).open(a.bucket)).status()).ttl;
   } catch (err) {
     if (isStreamNotFound(err)) return undefined;
     throw err;
   }
+}
+
+/** A KV manager whose requests go to `--domain`, when given. */
+function kvm(nc: NatsConnection, a: Args): Kvm {
+  return new Kvm(
+    a.domain === undefined ? nc : jetstream(nc, { domain: a.domain }),
+  );
 }
 
 function isStreamNotFound(err: unknown): boolean {
@@ -792,9 +826,11 @@ function isStreamNotFound(err: unknown): boolean {
 function noBucket(a: Args): UnavailableError {
   return new UnavailableError(
     a.key,
-    `bucket '${a.bucket}' does not exist on ${
-      a.servers.join(",")
-    } (lease run creates it): check --bucket and --servers`,
+    `bucket '${a.bucket}' does not exist on ${a.servers.join(",")}${
+      a.domain === undefined ? "" : ` in JetStream domain '${a.domain}'`
+    } (lease run creates it): check --bucket and --servers${
+      a.domain === undefined ? "" : " and --domain"
+    }`,
   );
 }
 
@@ -814,7 +850,7 @@ async function openFailure(
     return new UnavailableError(a.key, (err as Error).message, { cause: err });
   }
   // null: the bucket could not be read either (no JetStream, say).
-  const ttl = await bucketTtl(nc, a.bucket).catch(() => null);
+  const ttl = await bucketTtl(nc, a).catch(() => null);
   if (err instanceof RangeError) {
     if (ttl === null || ttl === undefined) return new UsageError(err.message);
     if (ttl <= 0) {
@@ -1456,7 +1492,7 @@ async function ls(a: Args): Promise<number> {
   try {
     let rows: KeyRow[];
     try {
-      rows = await listKeys(nc, a.bucket, a.prefix);
+      rows = await listKeys(nc, a.bucket, a.prefix, a.domain);
     } catch (err) {
       throw bucketFailure(a, err);
     }
@@ -1513,7 +1549,7 @@ async function watchMany(a: Args): Promise<number> {
   try {
     let w: KeysWatch;
     try {
-      w = await watchKeys(nc, a.bucket, a.prefix, (r) => {
+      w = await watchKeys(nc, a.bucket, a.prefix, a.domain, (r) => {
         const holder = r.state === "held"
           ? { node: r.holder!, epoch: r.epoch! }
           : null;
@@ -1622,7 +1658,7 @@ async function shardsView(a: Args): Promise<number> {
 async function release(a: Args): Promise<number> {
   const nc = await dial(a);
   try {
-    const kv = await new Kvm(nc).open(a.bucket).catch((err) => {
+    const kv = await kvm(nc, a).open(a.bucket).catch((err) => {
       throw new UnavailableError(a.key, (err as Error).message, { cause: err });
     });
     // The holder renews by compare-and-set, so its entry's revision moves

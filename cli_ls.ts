@@ -179,6 +179,8 @@ const STALL_MS = 5_000;
  * @param nc The connection.
  * @param bucket The bucket.
  * @param prefix A valid key, or undefined for the whole bucket.
+ * @param domain The JetStream domain of the bucket, or undefined for the
+ *   connected server's own.
  * @returns The rows, sorted by key.
  * @throws {JetStreamApiError} The bucket does not exist (code 10059), or another refusal.
  * @throws {Error} The server went quiet for 5 s in the middle of the listing.
@@ -187,8 +189,10 @@ export async function listKeys(
   nc: NatsConnection,
   bucket: string,
   prefix: string | undefined,
+  domain?: string,
 ): Promise<KeyRow[]> {
-  const jsm = await jetstreamManager(nc);
+  const at = domain === undefined ? {} : { domain };
+  const jsm = await jetstreamManager(nc, at);
   const view = await viewBucket(jsm, bucket);
   const ci = await jsm.consumers.add(view.stream, {
     ack_policy: AckPolicy.None,
@@ -201,7 +205,7 @@ export async function listKeys(
   const last = new Map<string, ReturnType<typeof msgOf>>();
   try {
     if (ci.num_pending > 0) {
-      const c = await jetstream(nc).consumers.get(view.stream, ci.name);
+      const c = await jetstream(nc, at).consumers.get(view.stream, ci.name);
       const msgs = await c.consume({ max_messages: 1_000 });
       let stalled = false;
       let timer = setTimeout(() => {
@@ -291,6 +295,8 @@ export interface KeysWatch {
  * @param nc The connection.
  * @param bucket The bucket.
  * @param prefix A valid key, or undefined for the whole bucket.
+ * @param domain The JetStream domain of the bucket, or undefined for the
+ *   connected server's own.
  * @param onChange Called for each change.
  * @returns The watch, to stop.
  * @throws {JetStreamApiError} The bucket does not exist (code 10059), or another refusal.
@@ -299,11 +305,13 @@ export async function watchKeys(
   nc: NatsConnection,
   bucket: string,
   prefix: string | undefined,
+  domain: string | undefined,
   onChange: (row: KeyRow) => void,
 ): Promise<KeysWatch> {
-  const jsm = await jetstreamManager(nc);
+  const at = domain === undefined ? {} : { domain };
+  const jsm = await jetstreamManager(nc, at);
   const view = await viewBucket(jsm, bucket);
-  const js = jetstream(nc);
+  const js = jetstream(nc, at);
   const skip = `$KV.${bucket}.`.length;
   /** Per key: who it is held by (`node#epoch`, or "" for nobody), the entry, its expiry timer. */
   const keys = new Map<

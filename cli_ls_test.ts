@@ -4,9 +4,7 @@
 // Runs under `deno test -A`, `bun test` and `node --test`.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
 import process from "node:process";
-import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -15,38 +13,15 @@ import { createLeaseManager, type LeaseManager } from "./mod.ts";
 import { listKeys, rowOf } from "./cli_ls.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
+import { type LeaseRun, startLease } from "./test_util/cli_run.ts";
 
-const CLI = fileURLToPath(new URL("./cli.ts", import.meta.url));
 const TTL = 2000;
 
-interface Run {
-  child: ChildProcess;
-  out: () => string;
-  err: () => string;
-  exited: Promise<number>;
-}
+const started: LeaseRun[] = [];
 
-const started: Run[] = [];
-
-/** Starts `lease ARGS` under this test's runtime. */
-function lease(args: string[]): Run {
-  const [cmd, pre] = "Deno" in globalThis
-    ? [process.execPath, ["run", "-A", CLI]]
-    : [process.execPath, [CLI]];
-  const all: Record<string, string | undefined> = { ...process.env };
-  delete all.NODE_TEST_CONTEXT;
-  const child = spawn(cmd, [...pre, ...args], {
-    env: all,
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let out = "";
-  let err = "";
-  child.stdout!.setEncoding("utf8").on("data", (d: string) => out += d);
-  child.stderr!.setEncoding("utf8").on("data", (d: string) => err += d);
-  const exited = new Promise<number>((r) =>
-    child.on("exit", (code) => r(code ?? -1))
-  );
-  const run = { child, out: () => out, err: () => err, exited };
+/** Starts `lease ARGS`, to be killed after the tests if still running. */
+function lease(args: string[]): LeaseRun {
+  const run = startLease(args);
   started.push(run);
   return run;
 }

@@ -28,6 +28,7 @@ import {
   uniq,
 } from "./test_util/lease_helpers.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
+import { type LeaseRun, startLease as lease } from "./test_util/cli_run.ts";
 
 /**
  * Long enough that the outage below (about 1 s: the leaf retries its hub
@@ -315,5 +316,111 @@ describe("leases across a leaf node, JetStream domain 'hub'", () => {
         epoch === first ? "the same lease" : "a new lease"
       })`,
     );
+  });
+
+  test("the lease command on the leaf with --domain hub: holder, ls, run (a clean handover from a hub holder), watch and release --node all reach the hub's bucket; without --domain it is missing (exit 69); a bad --domain exits 64", async () => {
+    const bucket = uniq("leafcli");
+    const hubM = await manager(hub, "hub-d", bucket);
+    const key = "job";
+    const e1 = await hubM.guard(key, ({ epoch }) => epoch, { wait: true });
+    const on = ["--servers", leaf.url, "--bucket", bucket, "--domain", "hub"];
+    const done = async (r: LeaseRun, what: string): Promise<string> => {
+      const code = await r.exited;
+      assert.equal(code, 0, `${what}: exit ${code}\n${r.out()}\n${r.err()}`);
+      return r.out();
+    };
+
+    assert.equal(
+      await done(lease(["holder", key, ...on]), "lease holder"),
+      `${key}: hub-d epoch ${e1}\n`,
+    );
+    const ls = await done(lease(["ls", ...on, "--json"]), "lease ls");
+    const rows = ls.trim().split("\n").map((l) => JSON.parse(l));
+    assert.deepEqual(
+      rows.map((r) => [r.key, r.holder, r.epoch, r.state]),
+      [[key, "hub-d", e1, "held"]],
+      ls,
+    );
+    // The leaf's own domain has no such bucket.
+    const plain = lease([
+      "holder",
+      key,
+      "--servers",
+      leaf.url,
+      "--bucket",
+      bucket,
+    ]);
+    assert.equal(await plain.exited, 69, plain.err());
+    assert.match(plain.err(), /does not exist/);
+    // A domain that is not one subject token: refused before connecting.
+    const bad = lease(["holder", key, ...on.slice(0, 4), "--domain", "hub.x"]);
+    assert.equal(await bad.exited, 64, bad.err());
+    assert.match(bad.err(), /--domain needs a JetStream domain/);
+
+    const watch = lease(["watch", key, ...on, "--json"]);
+    try {
+      await eventually(
+        () => Promise.resolve(watch.out().includes('"hub-d"')),
+        10_000,
+        "lease watch to print the hub holder",
+        20,
+      );
+      // lease run waits its turn on the leaf, and gets the key at once
+      // when the hub holder releases it.
+      const run = lease([
+        "run",
+        key,
+        ...on,
+        "--node",
+        "edge-cli",
+        "--",
+        "sh",
+        "-c",
+        'echo "epoch=$LEASE_EPOCH"',
+      ]);
+      await eventually(
+        () => Promise.resolve(run.err().includes("hub-d")),
+        10_000,
+        "lease run to say who holds the key",
+        20,
+      );
+      await hubM.release(key);
+      const ran = await done(run, "lease run");
+      const e2 = Number(/epoch=(\d+)/.exec(ran)?.[1]);
+      assert.ok(e2 > e1, `lease run wrote at epoch ${e2} after ${e1}`);
+
+      // The hub takes it back at once (a clean release), and an operator
+      // on the leaf evicts it.
+      const e3 = await hubM.guard(key, ({ epoch }) => epoch, { wait: true });
+      assert.ok(e3 > e2, `epoch ${e3} after ${e2}`);
+      await done(
+        lease(["release", key, ...on, "--node", "hub-d"]),
+        "lease release",
+      );
+      assert.equal(await hubM.holder(key), null);
+      // The watch on the leaf saw the first holder, and the eviction after
+      // the hub took the key back.
+      const seen = () =>
+        watch.out().trim().split("\n").map((l) => {
+          const h = JSON.parse(l).holder;
+          return h === null ? "none" : `${h.node}#${h.epoch}`;
+        });
+      await eventually(
+        () => {
+          const s = seen();
+          const at = s.indexOf(`hub-d#${e3}`);
+          return Promise.resolve(at >= 0 && s.slice(at).includes("none"));
+        },
+        10_000,
+        "lease watch to print the eviction",
+        20,
+      );
+      // (lease run's short tenure may be replaced before the watch reads it:
+      // the bucket keeps one entry per key.)
+      assert.equal(seen()[0], `hub-d#${e1}`, seen().join(", "));
+    } finally {
+      watch.child.kill("SIGKILL");
+      await watch.exited;
+    }
   });
 });
