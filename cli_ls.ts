@@ -388,8 +388,13 @@ export async function watchKeys(
         if (stopped) break;
         // A deleted stream (or consumer) ends the iteration with an error
         // instead of retrying in silence; the stream's own info says which.
+        // A pull of 10 s (nats.js's default: 30 s) has idle heartbeats
+        // every 5 s, and two missed ones make nats.js look for the
+        // consumer: the fallback when a deleted stream's consumer is not
+        // told (2.9.10 under load, once in a CI run).
         const msgs = messages = await consumer.consume({
           max_messages: 1_000,
+          expires: 10_000,
           abort_on_missing_resource: true,
         });
         if (stopped) msgs.stop();

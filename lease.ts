@@ -4338,6 +4338,15 @@ function rawEntry(
 }
 
 /**
+ * How long a watch's pull waits at the server, in ms; nats.js sends idle
+ * heartbeats every half of it and reports two missed ones, so a watch
+ * whose consumer vanished without a word is noticed within 10-15 s
+ * (nats.js's default pull waits 30 s, so 30 s). Costs one pull request per
+ * watch every 10 s while nothing changes.
+ */
+const WATCH_PULL_EXPIRES = 10_000;
+
+/**
  * {@linkcode Port.watch} over nats.js: reads the subject's last entry, then
  * follows it with an ordered pull consumer on the bucket's stream, filtered
  * to the subject, from its last message (`last_per_subject`). A KV
@@ -4350,7 +4359,8 @@ function rawEntry(
  * that finds it gone, as after a server restart, or a gap), it keeps the
  * count of messages the old consumer's pull still owed: the new pull asks
  * for only the rest (one message of 64), and nothing pulls again until two
- * idle heartbeats are missed (30 s). Such a watch reports one message and
+ * idle heartbeats are missed (30 s by default, 10 s with our shorter pull).
+ * Such a watch reports one message and
  * then goes quiet, and waiters fall back to reads once per TTL. So once it
  * has recreated itself, the watch starts a fresh consumer instead (from
  * the subject's last message, as always: nothing in between is missed).
@@ -4410,7 +4420,10 @@ function watchSubject(
           deliver_policy: DeliverPolicy.LastPerSubject,
         });
         if (stopped) return;
-        const msgs = messages = await consumer.consume({ max_messages: 64 });
+        const msgs = messages = await consumer.consume({
+          max_messages: 64,
+          expires: WATCH_PULL_EXPIRES,
+        });
         if (stopped) msgs.stop();
         void (async () => {
           // Ends when `msgs` stops.
@@ -4422,9 +4435,14 @@ function watchSubject(
               return;
             }
             // A deleted bucket takes its consumers with it, and nats.js
-            // would retry in silence: stop, and ask the stream below.
+            // would retry in silence: stop, and ask the stream below. The
+            // server does not always say so (2.9.10 under load once left
+            // the pull unanswered, with no "consumer deleted"): two missed
+            // idle heartbeats are the fallback, and a fresh consumer is
+            // what the watch wants then anyway.
             if (
-              s.type === "consumer_deleted" || s.type === "stream_not_found"
+              s.type === "consumer_deleted" || s.type === "stream_not_found" ||
+              s.type === "heartbeats_missed"
             ) {
               suspect = true;
               msgs.stop();
