@@ -88,6 +88,7 @@ test(
           "nats/cas",
           "nats/lease",
           "redis",
+          "redis-always",
         ],
       );
       // Row 6 as each system is built: the late write of a paused holder is
@@ -95,6 +96,7 @@ test(
       assert.equal(report.runs.etcd?.[0]?.paused?.landed, false);
       assert.notEqual(report.runs["nats/cas"]?.[0]?.paused?.refusedBy, null);
       assert.equal(report.runs.redis?.[0]?.paused?.refusedBy, null);
+      assert.equal(report.runs["redis-always"]?.[0]?.paused?.refusedBy, null);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }

@@ -39,7 +39,12 @@ export interface Endpoints {
 }
 
 /** Which system, and for ours which server. */
-export type SystemName = "nats" | "nats-always" | "etcd" | "redis";
+export type SystemName =
+  | "nats"
+  | "nats-always"
+  | "etcd"
+  | "redis"
+  | "redis-always";
 
 /** A held lock: its token, the guarded write, the release. */
 export interface Held {
@@ -82,7 +87,9 @@ export async function openPeer(
   check: GuardCheck = "cas",
 ): Promise<Peer> {
   if (system === "etcd") return openEtcd(ep.etcd);
-  if (system === "redis") return openRedis(ep.redis);
+  if (system === "redis" || system === "redis-always") {
+    return openRedis(ep.redis);
+  }
   return await openOurs(ep.nats, node, check);
 }
 

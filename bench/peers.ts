@@ -6,8 +6,11 @@
  * `jetstream { sync_interval: always }` (only the second fsyncs before it
  * acknowledges, as etcd does), etcd (`etcd3`: `Lock`, `Election`, a
  * transaction comparing the lock key's create revision) and Redis (`redlock`
- * over `ioredis`, one instance, no persistence). See `_peers_systems.ts` for
- * what each guarded write does.
+ * over `ioredis`, one instance: without persistence, and as `redis-always`
+ * with `appendonly yes` and `appendfsync always`, which fsyncs before it
+ * acknowledges). See `_peers_systems.ts` for what each guarded write does.
+ * With more than one run, a cell gives the median, then the lowest and
+ * highest over the runs in brackets.
  *
  * Rows: (1) guarded-write latency, one writer, held key; (2) throughput, 64
  * writers over 256 held keys; (3) acquire and release of a free key, time and
@@ -92,7 +95,8 @@ export type Column =
   | "nats-always/cas"
   | "nats-always/lease"
   | "etcd"
-  | "redis";
+  | "redis"
+  | "redis-always";
 
 const COLUMNS: Column[] = [
   "nats/cas",
@@ -101,8 +105,15 @@ const COLUMNS: Column[] = [
   "nats-always/lease",
   "etcd",
   "redis",
+  "redis-always",
 ];
-const SYSTEMS: SystemName[] = ["nats", "nats-always", "etcd", "redis"];
+const SYSTEMS: SystemName[] = [
+  "nats",
+  "nats-always",
+  "etcd",
+  "redis",
+  "redis-always",
+];
 /** Rows 1 and 2 take a long TTL so that no renewal falls in a phase. */
 const LONG_TTL = 60_000;
 
@@ -265,7 +276,13 @@ async function startEtcd(): Promise<Server> {
   };
 }
 
-async function startRedis(): Promise<Server> {
+/**
+ * One redis-server. With `always`, its append-only file is on and fsynced
+ * before each write is acknowledged (`appendfsync always`), as etcd does
+ * and `nats-always` does: the like-for-like durability; without, nothing
+ * is persisted (Redis's fastest, and what a lock server is often run as).
+ */
+async function startRedis(always = false): Promise<Server> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "peers-redis-"));
   const port = await freePort();
   const child = await spawnServer(
@@ -279,8 +296,9 @@ async function startRedis(): Promise<Server> {
       dir,
       "--save",
       "",
-      "--appendonly",
-      "no",
+      ...(always
+        ? ["--appendonly", "yes", "--appendfsync", "always"]
+        : ["--appendonly", "no"]),
     ],
     port,
     dir,
@@ -296,6 +314,9 @@ async function startRedis(): Promise<Server> {
     }
   };
   const version = /redis_version:(\S+)/.exec(await info())?.[1] ?? "?";
+  if (always && !/^aof_enabled:1\s*$/m.test(await info("persistence"))) {
+    throw new Error("redis-server did not turn its append-only file on");
+  }
   return {
     url,
     version,
@@ -547,17 +568,18 @@ async function rowPaused(
 /** Runs the comparison and returns the report. */
 export async function runPeers(cfg: PeersConfig): Promise<PeersReport> {
   const loadStart = os.loadavg();
-  log(`${cfg.mode}: starting nats-server twice, etcd and redis-server`);
+  log(`${cfg.mode}: starting nats-server twice, etcd and redis-server twice`);
   const servers: Record<SystemName, Server> = {
     nats: await startNats(false),
     "nats-always": await startNats(true),
     etcd: await startEtcd(),
     redis: await startRedis(),
+    "redis-always": await startRedis(true),
   };
   const endpoints = (s: SystemName): Endpoints => ({
     nats: servers[s].url,
     etcd: servers.etcd.url,
-    redis: servers.redis.url,
+    redis: servers[s === "redis-always" ? s : "redis"].url,
   });
   const runs: Record<string, RunFigures[]> = {};
   const learns: Record<string, string> = {};
@@ -687,19 +709,33 @@ const fmt = (x: number | undefined, unit: string, digits = 0): string =>
 const ms = (x: number | undefined): string =>
   x === undefined ? "—" : x < 10 ? fmt(x * 1000, " µs") : fmt(x, " ms");
 
-/** The median over runs of one figure, and its median ratio to `base`. */
+/**
+ * The median over runs of one figure and its median ratio to `base` (each
+ * run's figure over the same run's base), with the range of each.
+ */
 function stat(
   report: PeersReport,
   col: Column,
   pick: (f: RunFigures) => number | undefined,
   base: Column = "nats/cas",
-): { value: number; ratio: number } {
+): { value: number; ratio: number; values: number[]; ratios: number[] } {
   const mine = report.runs[col]!.map(pick);
   const theirs = report.runs[base]!.map(pick);
+  const values = mine.map((x) => x ?? NaN).filter(Number.isFinite);
+  const ratios = mine.map((x, i) => (x ?? NaN) / (theirs[i] ?? NaN))
+    .filter(Number.isFinite);
   return {
-    value: median(mine.map((x) => x ?? NaN)),
-    ratio: median(mine.map((x, i) => (x ?? NaN) / (theirs[i] ?? NaN))),
+    value: median(values),
+    ratio: median(ratios),
+    values,
+    ratios,
   };
+}
+
+/** " [lowest–highest]" of `xs` as `show` prints them, or "" for one run. */
+function range(xs: number[], show: (x: number) => string): string {
+  if (xs.length < 2) return "";
+  return ` [${show(Math.min(...xs))}–${show(Math.max(...xs))}]`;
 }
 
 /** The rows as Markdown: one column per system, ratios against ours. */
@@ -709,11 +745,12 @@ export function table(report: PeersReport): string {
     pick: (f: RunFigures) => number | undefined,
     show: (x: number) => string,
   ): string => {
-    const { value, ratio } = stat(report, col, pick);
+    const { value, ratio, values, ratios } = stat(report, col, pick);
     if (!Number.isFinite(value)) return "—";
+    const times = (x: number) => fmt(x, "×", 2);
     return col === "nats/cas"
-      ? show(value)
-      : `${show(value)} (${fmt(ratio, "×", 2)})`;
+      ? `${show(value)}${range(values, show)}`
+      : `${show(value)} (${times(ratio)}${range(ratios, times)})`;
   };
   const rows: string[][] = [];
   const row = (
