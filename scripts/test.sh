@@ -13,7 +13,9 @@
 #                test_util/); a file that starts no server (sim_test.ts), or
 #                whose line "// test.sh: first server only" says it tests a
 #                script rather than the server, runs with the first server
-#                only
+#                only; one whose line "// test.sh: node only" says it tests
+#                something outside the runtime (a browser, workerd) runs
+#                under node with the first server only
 #
 # Environment:
 #   LEASE_TEST_TIMEOUT      per-test timeout in ms for bun and node, also
@@ -33,7 +35,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 usage() {
-  sed -n '6,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '6,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 runtimes=()
@@ -289,6 +291,16 @@ for f in "${files[@]}"; do
     first_only+=("$f")
   fi
 done
+# A file whose line "// test.sh: node only" says that what it tests runs
+# outside the test's runtime (a browser, workerd) runs under node, with the
+# first server only.
+node_only=()
+for f in "${files[@]}"; do
+  if grep -q '^// test.sh: node only' "$f"; then
+    node_only+=("$f")
+    [[ " ${first_only[*]} " == *" $f "* ]] || first_only+=("$f")
+  fi
+done
 
 # Prints each skipped test in a runtime's log as "NAME<TAB>REASON", one a
 # line. Only node prints the reason given to `skip`; titles of tests skipped
@@ -343,16 +355,15 @@ for runtime in "${runtimes[@]}"; do
       version="$server (missing: $bin)"
     fi
     log="$logdir/$runtime-$server.log"
-    run_files=("${files[@]}")
-    if [[ "$server" != "${servers[0]}" && ${#first_only[@]} -gt 0 ]]; then
-      run_files=()
-      for f in "${files[@]}"; do
-        [[ " ${first_only[*]} " == *" $f "* ]] || run_files+=("$f")
-      done
-      if ((${#run_files[@]} == 0)); then
-        echo "$runtime server $server: every file runs with the first server only, skipped"
-        continue
-      fi
+    run_files=()
+    for f in "${files[@]}"; do
+      if [[ "$server" != "${servers[0]}" && " ${first_only[*]} " == *" $f "* ]]; then continue; fi
+      if [[ "$runtime" != node && " ${node_only[*]} " == *" $f "* ]]; then continue; fi
+      run_files+=("$f")
+    done
+    if ((${#run_files[@]} == 0)); then
+      echo "$runtime server $server: no file to run (each runs with the first server only, or under node only), skipped"
+      continue
     fi
     case "$runtime" in
     deno) cmd=(node_modules/.bin/deno test -A "${run_files[@]}") ;;
