@@ -2469,6 +2469,10 @@ class Manager extends EventTarget implements LeaseManager {
             key,
             (lease) => {
               started = true;
+              // Nothing waits on the key any more: its watch (a consumer
+              // on the server) ends now, not when a long write does.
+              if (kw) this.#unwatch(kw);
+              kw = undefined;
               return write(lease);
             },
             signal,
@@ -4383,6 +4387,8 @@ function watchSubject(
   let stopped = false;
   /** The consumer failed or was deleted: the stream may be gone. */
   let suspect = false;
+  /** The consumer's pull found no responder: start a fresh consumer. */
+  let unheard = false;
   let last = -1;
   let consumer: Consumer | undefined;
   let messages: ConsumerMessages | undefined;
@@ -4434,6 +4440,21 @@ function watchSubject(
               msgs.stop();
               return;
             }
+            // The pull reached no consumer: on a cluster, a new consumer's
+            // pull can arrive before the consumer listens on the server
+            // that hosts it. nats.js (3.4) then only marks the ordered
+            // consumer for a reset and pulls again after two missed idle
+            // heartbeats, which never come from a consumer that never got
+            // the pull: 10-15 s of silence, in which an expiry marker goes
+            // unseen and waiters fall back to a read a TTL later (seen in
+            // the shard bench: a few shards of a killed worker taken a TTL
+            // late). A fresh consumer starts from the subject's last
+            // message, so nothing is missed.
+            if (s.type === "no_responders") {
+              unheard = true;
+              msgs.stop();
+              return;
+            }
             // A deleted bucket takes its consumers with it, and nats.js
             // would retry in silence: stop, and ask the stream below. The
             // server does not always say so (2.9.10 under load once left
@@ -4459,6 +4480,11 @@ function watchSubject(
         suspect = true;
       }
       if (stopped || nc.isClosed()) return;
+      // Repeated, it backs off like a failure (a message resets it).
+      if (unheard) {
+        unheard = false;
+        fails++;
+      }
       if (suspect && gone?.onGone) {
         // A deleted or re-created bucket never comes back to this watch:
         // say so, so that its waiters and iterators stop waiting.

@@ -686,6 +686,39 @@ describe("waiting for a lease", () => {
     assert.equal(await consumers(jsm, bucket), 0);
   });
 
+  test("a waiting guard's watch ends when its write starts, not when a long write ends", async () => {
+    const bucket = uniq("w");
+    const a = await manager({ node: "a", bucket });
+    const b = await manager({ node: "b", bucket });
+    await a.guard("k", () => {});
+    let started!: () => void;
+    const writing = new Promise<void>((r) => started = r);
+    let finish!: () => void;
+    const held = new Promise<void>((r) => finish = r);
+    // A write that lasts a whole tenure, as shards.ts holds its shards.
+    const waiting = b.guard("k", async () => {
+      started();
+      await held;
+    }, { wait: true });
+    await eventually(
+      async () => await consumers(jsm, bucket) === 1,
+      5000,
+      "the waiter's watch",
+    );
+    await a.release("k");
+    await writing;
+    // Without the change, the consumer stayed until the write returned.
+    await eventually(
+      async () => await consumers(jsm, bucket) === 0,
+      5000,
+      "the watch to end once the write started",
+    );
+    finish();
+    await waiting;
+    await b.close();
+    await a.close();
+  });
+
   test("many waiters, a campaign and a watch on one key share one watch, and close() leaves no consumer", async () => {
     const bucket = uniq("w");
     const a = await manager({ node: "a", bucket });

@@ -57,6 +57,10 @@ interface Ev {
   owned?: Record<string, number>;
   members?: string[];
   w?: [number, number, number, number][];
+  key?: string;
+  found?: string;
+  grace?: number;
+  clean?: boolean;
 }
 
 interface Worker {
@@ -160,6 +164,39 @@ function ownedAgainAt(theirs: number[], rest: Worker[], t0: number) {
     median: at[Math.floor(at.length / 2)],
     last: at.at(-1),
   };
+}
+
+/**
+ * How each of `theirs` was taken over by one of `rest` after `t0`, from the
+ * survivors' "acquired" events: per `found` (lease.ts's AcquiredFrom), the
+ * number of shards, the range of times after `t0` and of graces owed.
+ */
+function takeovers(theirs: number[], rest: Worker[], t0: number) {
+  const by: Record<string, { n: number; at: number[]; grace: number[] }> = {};
+  for (const s of theirs) {
+    const key = `bench.shards.${s}`;
+    const e = rest.flatMap((w) =>
+      w.events.filter((x) =>
+        x.ev === "acq" && x.key === key && x.t >= t0
+      )
+    ).sort((a, b) => a.t - b.t)[0];
+    const f = e?.found ?? "none";
+    const b = by[f] ??= { n: 0, at: [], grace: [] };
+    b.n++;
+    if (e) {
+      b.at.push(Math.round(e.t - t0));
+      b.grace.push(e.grace!);
+    }
+  }
+  return Object.fromEntries(
+    Object.entries(by).map(([f, b]) => [f, {
+      shards: b.n,
+      at: b.at.length ? [Math.min(...b.at), Math.max(...b.at)] : null,
+      grace: b.grace.length
+        ? [Math.min(...b.grace), Math.max(...b.grace)]
+        : null,
+    }]),
+  );
 }
 
 async function until(pred: () => boolean, ms: number, what: string) {
@@ -319,6 +356,7 @@ try {
       bound: 2 * TTL,
       fromKill,
       bySurvivor,
+      takeovers: takeovers(theirs, rest, t0),
       shards: theirs.length,
       sizes: rest.map((x) => x.owned().size).join("/"),
       gap: g,
@@ -344,6 +382,18 @@ try {
     const owned = lastAssign(rest);
     const leaving = leaver.events.find((e) => e.ev === "leaving")!.t;
     const fromLeaving = ownedAgainAt(theirs, rest, leaving);
+    // The leaver's side, from its "released" events: its last shard
+    // released, and its slot released (after its shards, by design).
+    const rel = leaver.events.filter((e) => e.ev === "rel" && e.t >= leaving);
+    const relShards = rel.filter((e) => e.key!.startsWith("bench.shards."));
+    const relSlot = rel.find((e) => e.key!.startsWith("bench.members."));
+    const released = {
+      lastShard: relShards.length
+        ? Math.max(...relShards.map((e) => e.t)) - leaving
+        : null,
+      unclean: relShards.filter((e) => !e.clean).length,
+      slot: relSlot ? relSlot.t - leaving : null,
+    };
     await leaver.exited;
     await until(() => balanced(rest), 10 * TTL, "balance after the leave");
     await sleep(1500);
@@ -352,6 +402,8 @@ try {
       step: "SIGTERM w3 (clean leave)",
       ms: owned - t0,
       fromLeaving,
+      released,
+      takeovers: takeovers(theirs, rest, leaving),
       shards: theirs.length,
       sizes: rest.map((x) => x.owned().size).join("/"),
       gap: g,

@@ -6,6 +6,8 @@
 //   {"ev":"w","w":[[shard,epoch,start,end],..]}       writes since the last line
 //   {"ev":"leaving"}                                  SIGTERM received: leaving now
 //   {"ev":"closed","released":[..],"unreleased":[..]} after SIGTERM: left and closed
+//   {"ev":"acq","key":..,"found":..,"grace":..}       the manager's "acquired" event
+//   {"ev":"rel","key":..,"clean":..}                  the manager's "released" event
 // Times are wall-clock milliseconds with a fraction (performance.timeOrigin
 // + performance.now()), shared by the processes of one machine.
 //
@@ -37,6 +39,16 @@ const leases = await createLeaseManager({
   bucket: env.LEASE_BUCKET!,
   ttl: Number(env.LEASE_TTL),
 });
+// The manager's own account of each takeover and release, so the bench can
+// tell which path a late takeover took (lease.ts, point 3).
+leases.addEventListener(
+  "acquired",
+  (e) => say("acq", { key: e.key, found: e.found, grace: e.grace }),
+);
+leases.addEventListener(
+  "released",
+  (e) => say("rel", { key: e.key, clean: e.clean }),
+);
 const stop = new AbortController();
 process.on("SIGTERM", () => {
   say("leaving");
