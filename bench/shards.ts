@@ -16,15 +16,18 @@
 //   5. the largest gap between two writes of a shard that did not move in a
 //      step, per step.
 //
-// Usage: node bench/shards.ts [--count N] [--ttl MS] [--json FILE]
+// Usage: node bench/shards.ts [--count N] [--ttl MS] [--nodes 3|1] [--json FILE]
 //        (deno run -A bench/shards.ts, bun bench/shards.ts)
+// --nodes 1 runs one server and an R1 bucket: the way to run it on a server
+// older than 2.9.21 (NATS_SERVER_BIN=/usr/sbin/nats-server for Debian's
+// 2.9.10), where a replicated bucket is refused (nats-server#4320).
 import process from "node:process";
 import * as fs from "node:fs";
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { createLeaseManager } from "../mod.ts";
-import { NatsCluster } from "../test_util/nats_server.ts";
+import { NatsCluster, NatsServer } from "../test_util/nats_server.ts";
 
 const arg = (name: string, dflt: string) => {
   const i = process.argv.indexOf(name);
@@ -34,6 +37,8 @@ const COUNT = Number(arg("--count", "256"));
 const TTL = Number(arg("--ttl", "2000"));
 const WRITE_MS = 100;
 const JSON_OUT = arg("--json", "");
+const NODES = Number(arg("--nodes", "3"));
+if (NODES !== 1 && NODES !== 3) throw new RangeError("--nodes must be 1 or 3");
 const runtime = "Deno" in globalThis
   ? "deno"
   : "Bun" in globalThis
@@ -261,7 +266,27 @@ function fenceCheck(): { writes: number; overlaps: number; stale: number } {
   return { writes: writes.length, overlaps, stale };
 }
 
-const cluster = await NatsCluster.start(3);
+const cluster: {
+  urls: string[];
+  version: string;
+  [Symbol.asyncDispose](): Promise<void>;
+} = NODES === 3
+  ? await (async () => {
+    const c = await NatsCluster.start(3);
+    return {
+      urls: c.urls,
+      version: c.servers[0]!.version,
+      [Symbol.asyncDispose]: () => c[Symbol.asyncDispose](),
+    };
+  })()
+  : await (async () => {
+    const s = await NatsServer.start();
+    return {
+      urls: [s.url],
+      version: s.version,
+      [Symbol.asyncDispose]: () => s[Symbol.asyncDispose](),
+    };
+  })();
 const rows: Record<string, unknown>[] = [];
 const workers: Worker[] = [];
 try {
@@ -273,21 +298,19 @@ try {
       node: "bench-setup",
       bucket,
       ttl: TTL,
-      replicas: 3,
+      replicas: NODES,
     });
     await m.close();
     await nc.close();
   }
   console.log(
-    `# shards bench: ${runtime} ${version}, nats-server ${
-      cluster.servers[0]!.version
-    } ×3, R3 bucket, ${COUNT} shards, TTL ${TTL} ms, writes every ${WRITE_MS} ms per shard`,
+    `# shards bench: ${runtime} ${version}, nats-server ${cluster.version} ×${NODES}, R${NODES} bucket, ${COUNT} shards, TTL ${TTL} ms, writes every ${WRITE_MS} ms per shard`,
   );
 
   // 1. Joins.
   for (let k = 1; k <= 4; k++) {
     const before = ownership(workers);
-    const w = start(`w${k}`, cluster.urls[(k - 1) % 3]!, bucket);
+    const w = start(`w${k}`, cluster.urls[(k - 1) % NODES]!, bucket);
     workers.push(w);
     await until(() => w.events.some((e) => e.ev === "ready"), 30_000, "ready");
     const ready = w.events.find((e) => e.ev === "ready")!.t;
@@ -426,7 +449,16 @@ if (JSON_OUT) {
   fs.writeFileSync(
     JSON_OUT,
     JSON.stringify(
-      { runtime, version, ttl: TTL, count: COUNT, rows, fence },
+      {
+        runtime,
+        version,
+        server: cluster.version,
+        nodes: NODES,
+        ttl: TTL,
+        count: COUNT,
+        rows,
+        fence,
+      },
       null,
       2,
     ),
