@@ -22,9 +22,10 @@
 import { after, before } from "node:test";
 import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
+import { type ChildProcess, spawn } from "node:child_process";
 import * as fs from "node:fs";
 import * as http from "node:http";
-import type { AddressInfo } from "node:net";
+import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import process from "node:process";
@@ -195,6 +196,8 @@ let browser: Browser | undefined;
 let context: BrowserContext | undefined;
 let nc: NatsConnection | undefined;
 let leases: LeaseManager | undefined;
+/** esbuild serving the quick start of docs/runtimes.md. */
+let quickstart: ChildProcess | undefined;
 /** Every page's uncaught errors and console.error lines, by page name. */
 const problems: string[] = [];
 /** Tenure starts and ends, from the pages (via report) and from this process. */
@@ -221,7 +224,7 @@ before(async () => {
   await esbuild.stop();
   web = http.createServer(serve);
   await new Promise<void>((resolve) => web!.listen(0, "127.0.0.1", resolve));
-  base = `http://127.0.0.1:${(web.address() as AddressInfo).port}`;
+  base = `http://127.0.0.1:${(web.address() as net.AddressInfo).port}`;
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     args: CHROMIUM_ARGS,
@@ -253,6 +256,7 @@ after(async () => {
       web?.closeAllConnections();
       return new Promise((r) => web ? web.close(r) : r(undefined));
     }],
+    ["stop esbuild's server", () => stopQuickstart()],
     ["stop the server", () => ns?.[Symbol.asyncDispose]()],
   ];
   for (const [what, step] of steps) {
@@ -328,7 +332,9 @@ async function open(name: string, url: string): Promise<Page> {
   await page.exposeFunction("report", (t: Tenure) => {
     tenures.push(t);
   });
-  await page.goto(`${base}${url}`, { timeout: WAIT });
+  await page.goto(url.startsWith("http") ? url : `${base}${url}`, {
+    timeout: WAIT,
+  });
   return page;
 }
 
@@ -679,6 +685,119 @@ test(
     assert.equal(png.subarray(1, 4).toString(), "PNG");
     console.log(`  [figures] screenshot: ${shot}, ${png.length} bytes`);
     await within(WAIT, second.close(), "closing the second tab");
+  },
+);
+
+// ---------------------------------------------------------------------------
+// docs/runtimes.md's quick start, run as written, with the changes
+// readme_test.ts makes too: free ports in place of 8000 and 8080, a temp
+// folder in place of the quick start's. That folder has the packages
+// installed; here the clone's node_modules and, for @nats-lease/lease, an
+// esbuild alias to mod.ts stand in for them.
+
+/** The code of the block named `name` (the fence after `<!-- block: NAME -->`). */
+function block(file: string, name: string): string {
+  const text = fs.readFileSync(path.join(root, file), "utf8");
+  const m = new RegExp(
+    `<!-- block: ${name} -->\\n+\`\`\`\\w*\\n([\\s\\S]*?)\\n\`\`\`\\n`,
+  ).exec(text);
+  assert.ok(m, `no block named ${name} in ${file}`);
+  return m[1]! + "\n";
+}
+
+/** A port that was free a moment ago. */
+async function freePort(): Promise<number> {
+  const srv = net.createServer();
+  await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+  const { port } = srv.address() as net.AddressInfo;
+  await new Promise((r) => srv.close(r));
+  return port;
+}
+
+/** Stops esbuild's server by its pid, and waits (bounded) for it to exit. */
+async function stopQuickstart(): Promise<void> {
+  const child = quickstart;
+  if (
+    child === undefined || child.exitCode !== null || child.signalCode !== null
+  ) return;
+  const exited = new Promise((r) => child.once("exit", r));
+  child.kill("SIGKILL");
+  await within(WAIT, exited, "esbuild to exit");
+}
+
+test(
+  "docs/runtimes.md's browser quick start, built and served by its esbuild command: a tab leads, and the other once it is closed",
+  { timeout: 25_000 },
+  async () => {
+    const doc = "docs/runtimes.md";
+    const dir = fs.mkdtempSync(path.join(dist!, "quickstart-"));
+    fs.writeFileSync(path.join(dir, "index.html"), block(doc, "browser-html"));
+    const app = block(doc, "browser-app");
+    assert.ok(app.includes("ws://127.0.0.1:8080"));
+    fs.writeFileSync(
+      path.join(dir, "app.js"),
+      app.replace("ws://127.0.0.1:8080", ns!.wsUrl!),
+    );
+    fs.symlinkSync(
+      path.join(root, "node_modules"),
+      path.join(dir, "node_modules"),
+    );
+    const command = block(doc, "browser-run").split("\n")
+      .find((l) => l.startsWith("npx --yes esbuild "));
+    assert.ok(command, "the block runs npx --yes esbuild");
+    const port = await freePort();
+    const args = command.slice("npx --yes esbuild ".length).split(" ")
+      .map((a) =>
+        a === "--serve=127.0.0.1:8000" ? `--serve=127.0.0.1:${port}` : a
+      );
+    assert.ok(args.includes(`--serve=127.0.0.1:${port}`), command);
+    args.push(`--alias:@nats-lease/lease=${path.join(root, "mod.ts")}`);
+    // esbuild serves until its stdin closes, so stdin stays an open pipe.
+    quickstart = spawn(path.join(root, "node_modules/.bin/esbuild"), args, {
+      cwd: dir,
+      stdio: ["pipe", "ignore", "pipe"],
+    });
+    let stderr = "";
+    quickstart.stderr!.on("data", (d) => stderr += d);
+    const url = `http://127.0.0.1:${port}/`;
+    const end = performance.now() + WAIT;
+    for (;;) {
+      const ok = await fetch(url, { signal: AbortSignal.timeout(1_000) })
+        .then((r) => r.ok, () => false);
+      if (ok) break;
+      assert.ok(
+        performance.now() < end,
+        `esbuild did not serve ${url}:\n${stderr}`,
+      );
+      assert.equal(quickstart.exitCode, null, `esbuild exited:\n${stderr}`);
+      await sleep(100);
+    }
+    const out = (page: Page, re: RegExp) =>
+      page.waitForFunction(
+        `${re}.test(document.getElementById("out").textContent)`,
+        null,
+        { timeout: WAIT },
+      );
+    const tab1 = await open("quick start tab 1", url);
+    await out(tab1, /^tab-\w+ leads, under epoch \d+\.$/);
+    const tab2 = await open("quick start tab 2", url);
+    await out(tab2, /^tab-\w+ waits for the lease\.$/);
+    const t0 = performance.now();
+    await within(WAIT, tab1.close(), "closing the leading tab");
+    // Within 4 s, where a lease left to expire would take the TTL (15 s)
+    // and the grace.
+    await tab2.waitForFunction(
+      `/ leads, under epoch \\d+\\.$/.test(document.getElementById("out").textContent)`,
+      null,
+      { timeout: 4_000 },
+    );
+    console.log(
+      `  [figures] quick start: the second tab leads ${
+        Math.round(performance.now() - t0)
+      } ms after the leading tab was closed`,
+    );
+    await within(WAIT, tab2.close(), "closing the second tab");
+    await stopQuickstart();
   },
 );
 
