@@ -210,6 +210,10 @@ interface Tenure {
 const tenures: Tenure[] = [];
 
 before(async () => {
+  assert.ok(
+    fs.existsSync(CHROMIUM),
+    `${CHROMIUM} is missing: run 'bash scripts/setup.sh', which installs Debian's chromium`,
+  );
   ns = await NatsServer.start({ websocket: true });
   dist = fs.mkdtempSync(path.join(os.tmpdir(), "lease-browser-"));
   await esbuild.build({
