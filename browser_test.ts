@@ -16,11 +16,15 @@
 // - the module runs in a dedicated Web Worker of a page;
 // - examples/browser/ shows the leader, and a closed leading tab hands over
 //   at once (LEASE_SCREENSHOT=1 saves docs/img/browser-leader.png);
-// - no page logs an uncaught error or a console.error.
+// - docs/runtimes.md's browser quick start, built and served by its esbuild
+//   command, shows a leader, and hands over when the leading tab closes;
+// - no page logs an uncaught error or a console.error (a worker's errors
+//   reach its page's events too).
 // Every wait has a timeout, and everything started here is stopped in
 // `after`, so that a failure reports instead of hanging.
-import { after, before } from "node:test";
-import { test } from "./test_util/server_logs.ts";
+import { after } from "node:test";
+// A failed test (or `before`) names the server's last log lines.
+import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn } from "node:child_process";
 import * as fs from "node:fs";
