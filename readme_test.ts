@@ -292,6 +292,11 @@ describe("the README's and docs' code blocks, run as written", () => {
       "edge-server",
       "edge-app",
       "edge-run",
+      // docs/runtimes.md's browser quick start runs in Chromium, in
+      // browser_test.ts (built and served by its esbuild command).
+      "browser-html",
+      "browser-app",
+      "browser-run",
       "leaf-servers",
       "leaf-app",
       "leaf-run",

@@ -7,7 +7,9 @@
 #     for the tests that roll a running server back to it;
 #   - Debian's nats-server package (/usr/sbin/nats-server, 2.9.10 on bookworm),
 #     the oldest server the tests run against;
-#   - Debian's etcd-server and redis-server, for bench/peers.ts only.
+#   - Debian's etcd-server and redis-server, for bench/peers.ts only;
+#   - Debian's chromium (/usr/bin/chromium), which browser_test.ts drives
+#     with playwright-core (nothing downloads a browser build of its own).
 # Subcommand output goes to a log that is shown only when a step fails.
 set -euo pipefail
 
@@ -133,4 +135,18 @@ else
     fi
   done
   echo "setup: installed ${missing[*]} ($(etcd --version | head -n 1), $(redis-server --version | cut -d ' ' -f 3))"
+fi
+
+# 5. Debian's chromium, for browser_test.ts: playwright-core launches
+# /usr/bin/chromium itself. (The launcher script prints a harmless shell
+# warning on stderr with --version, hence the 2>/dev/null.)
+if [[ -x /usr/bin/chromium ]]; then
+  echo "setup: /usr/bin/chromium present ($(/usr/bin/chromium --version 2>/dev/null | cut -d ' ' -f 1-2))"
+else
+  export DEBIAN_FRONTEND=noninteractive
+  if ! as_root apt-get install -y chromium >"$log" 2>&1; then
+    quietly as_root apt-get update
+    quietly as_root apt-get install -y chromium
+  fi
+  echo "setup: installed /usr/bin/chromium ($(/usr/bin/chromium --version 2>/dev/null | cut -d ' ' -f 1-2))"
 fi
