@@ -1,0 +1,193 @@
+// test.sh: node only: the lease manager under test runs in workerd (through miniflare), not in the test's runtime
+// Leases in the Cloudflare Workers runtime (issue 17, part 2). The worker of
+// examples/workerd/worker.ts, bundled by esbuild, runs in workerd through
+// miniflare and connects to a real nats-server over WebSocket with
+// `wsconnect`; this process is a Node holder of the same keys over TCP.
+//
+// - Stateless requests: each opens its own connection and manager and does
+//   one guarded write with `wait: true`; concurrent requests and the Node
+//   holder append `start`/`end` to a JetStream journal, whose order shows
+//   that no two writes overlapped and that epochs never went down.
+// - A Durable Object campaigns for a key and keeps it for 3 TTLs with no
+//   request in flight: its timers fire, its WebSocket stays open, the
+//   manager's own renewals keep the lease.
+// - What workerd does to a stateless request's timers and connection once
+//   it has answered, asserted as observed (docs/runtimes.md).
+//
+// Runs under `node --test` only (Node 24, which runs this TypeScript as is).
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import type { Miniflare } from "miniflare";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { createLeaseManager, type Lease, type LeaseManager } from "./mod.ts";
+import { conn, sleep } from "./test_util/lease_helpers.ts";
+import { NatsServer } from "./test_util/nats_server.ts";
+import { COMPATIBILITY_DATE, startWorker } from "./examples/workerd/serve.ts";
+import type { WriteRecord } from "./examples/workerd/worker.ts";
+
+/** Short, to keep the file near 20 s, and twice MIN_TTL for a loaded CI. */
+const TTL = 1000;
+const BUCKET = "workerd";
+/** Every wait below is bounded by this. */
+const WAIT = 10_000;
+
+let ns: NatsServer;
+let mf: Miniflare;
+let nc: NatsConnection;
+let node: LeaseManager;
+
+before(async () => {
+  ns = await NatsServer.start({ websocket: true });
+  nc = await conn(ns.url);
+  // The journal, as the worker would create it on first use; made here so
+  // that the Node holder can write first.
+  await (await jetstreamManager(nc)).streams.add({
+    name: "LEASE_JOURNAL",
+    subjects: ["lease-journal.>"],
+  });
+  node = await createLeaseManager({
+    nc,
+    node: "node-holder",
+    bucket: BUCKET,
+    ttl: TTL,
+  });
+  mf = await startWorker({ natsWsUrl: ns.wsUrl!, bucket: BUCKET, ttl: TTL });
+});
+
+after(async () => {
+  await mf?.dispose();
+  await node?.close();
+  await nc?.close();
+  await ns?.[Symbol.asyncDispose]();
+});
+
+/** A request to the worker, bounded by {@linkcode WAIT}, as parsed JSON. */
+async function call<T>(
+  target: Miniflare,
+  path: string,
+  method = "GET",
+): Promise<T> {
+  const res = await target.dispatchFetch(`http://worker${path}`, {
+    method,
+    signal: AbortSignal.timeout(WAIT),
+  });
+  const body = await res.text();
+  assert.equal(res.status, 200, `${method} ${path}: ${body}`);
+  return JSON.parse(body) as T;
+}
+
+/** One entry of the journal, as the worker and the Node holder append it. */
+interface Entry {
+  seq: number;
+  /** The server's time of the append, in ms. */
+  time: number;
+  phase: "start" | "end";
+  node: string;
+  epoch: number;
+}
+
+/** The journal of `key` in stream order. */
+async function journal(key: string): Promise<Entry[]> {
+  const jsm = await jetstreamManager(nc);
+  const { state } = await jsm.streams.info("LEASE_JOURNAL");
+  const out: Entry[] = [];
+  for (let seq = state.first_seq; seq <= state.last_seq; seq++) {
+    const m = await jsm.streams.getMessage("LEASE_JOURNAL", { seq });
+    if (!m || m.subject !== `lease-journal.${key}`) continue;
+    out.push({ seq, time: m.time.getTime(), ...m.json() });
+  }
+  return out;
+}
+
+/** The Node holder's write, the same as the worker's `journaledWrite`. */
+async function nodeWrite(lease: Lease): Promise<WriteRecord> {
+  const js = jetstream(nc);
+  const subject = `lease-journal.${lease.key}`;
+  const entry = (phase: string) =>
+    JSON.stringify({ phase, node: lease.node, epoch: lease.epoch });
+  const start = await js.publish(subject, entry("start"));
+  await sleep(20);
+  lease.throwIfLost();
+  const end = await js.publish(subject, entry("end"));
+  return {
+    node: lease.node,
+    epoch: lease.epoch,
+    startSeq: start.seq,
+    endSeq: end.seq,
+  };
+}
+
+/**
+ * The writes in a journal, checked: each `start` is followed by its own
+ * `end` (same node and epoch) before anything else, so no two writes
+ * overlapped; epochs never decrease, and grow when the writer changes.
+ */
+function checkWrites(entries: Entry[]) {
+  const writes: { node: string; epoch: number; start: number; end: number }[] =
+    [];
+  for (let i = 0; i < entries.length; i += 2) {
+    const [s, e] = [entries[i]!, entries[i + 1]];
+    assert.equal(s.phase, "start", `seq ${s.seq} opens a write`);
+    assert.ok(e, `the write opened at seq ${s.seq} ends`);
+    assert.deepEqual(
+      [e.phase, e.node, e.epoch],
+      ["end", s.node, s.epoch],
+      `seq ${e.seq} ends the write of ${s.node} at epoch ${s.epoch} (no overlap)`,
+    );
+    const prev = writes.at(-1);
+    if (prev) {
+      assert.ok(
+        s.time >= prev.end,
+        `write at seq ${s.seq} starts after the last ended`,
+      );
+      assert.ok(
+        s.epoch > prev.epoch ||
+          (s.epoch === prev.epoch && s.node === prev.node),
+        `epoch ${s.epoch} of ${s.node} after ${prev.epoch} of ${prev.node}`,
+      );
+    }
+    writes.push({ node: s.node, epoch: s.epoch, start: s.time, end: e.time });
+  }
+  return writes;
+}
+
+describe("workerd (miniflare " + COMPATIBILITY_DATE + ")", () => {
+  test("concurrent Worker requests and a Node holder write one at a time, at growing epochs", async () => {
+    const key = "journaled";
+    const requests = Array.from(
+      { length: 6 },
+      () => call<WriteRecord>(mf, `/write/${key}`, "POST"),
+    );
+    // The Node holder writes three times meanwhile, releasing after each so
+    // the waiting requests get in between.
+    const nodeWrites: WriteRecord[] = [];
+    for (let i = 0; i < 3; i++) {
+      nodeWrites.push(
+        await node.guard(key, nodeWrite, {
+          wait: true,
+          signal: AbortSignal.timeout(WAIT),
+        }),
+      );
+      await node.release(key);
+      await sleep(30);
+    }
+    const workerWrites = await Promise.all(requests);
+
+    const writes = checkWrites(await journal(key));
+    assert.equal(writes.length, 9, "six worker writes and three Node writes");
+    assert.equal(new Set(workerWrites.map((w) => w.node)).size, 6);
+    assert.ok(workerWrites.every((w) => w.node.startsWith("worker-")));
+    for (const w of [...workerWrites, ...nodeWrites]) {
+      assert.equal(w.endSeq, w.startSeq + 1, `${w.node}'s write is one pair`);
+    }
+    console.log(
+      "writes (server ms from the first start):",
+      writes.map((w) =>
+        `${w.node}@${w.epoch} ${w.start - writes[0]!.start}-${
+          w.end - writes[0]!.start
+        }`
+      ).join(", "),
+    );
+  });
+});
