@@ -20,7 +20,13 @@ import assert from "node:assert/strict";
 import type { Miniflare } from "miniflare";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { createLeaseManager, type Lease, type LeaseManager } from "./mod.ts";
+import {
+  createLeaseManager,
+  type Holder,
+  type Lease,
+  type LeaseManager,
+  NotHolderError,
+} from "./mod.ts";
 import { conn, sleep } from "./test_util/lease_helpers.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 import { COMPATIBILITY_DATE, startWorker } from "./examples/workerd/serve.ts";
@@ -189,5 +195,88 @@ describe("workerd (miniflare " + COMPATIBILITY_DATE + ")", () => {
         }`
       ).join(", "),
     );
+  });
+
+  test("a Durable Object keeps its lease for 3 TTLs with no request in flight", async () => {
+    const key = "leader";
+    interface Status {
+      node: string;
+      leading: boolean;
+      epoch: number;
+      tenures: number[];
+      renewals: number;
+      lost: string[];
+      ticks: number;
+      connectionClosed: boolean;
+    }
+    const started = await call<Status>(mf, `/holder/a/start?key=${key}`);
+    assert.equal(started.leading, true, JSON.stringify(started));
+
+    // Whoever holds the key, as the Node side sees it, while nobody calls
+    // the object.
+    const idle = new AbortController();
+    const seen: (Holder | null)[] = [];
+    const watching = (async () => {
+      for await (const h of node.watch(key, { signal: idle.signal })) {
+        seen.push(h);
+      }
+    })();
+    const t0 = performance.now();
+    await sleep(3 * TTL + 500);
+    idle.abort();
+    await watching;
+    const idleMs = performance.now() - t0;
+
+    // Still held by the object, at the same epoch: nobody else got in.
+    assert.deepEqual(
+      seen.map((h) => h && [h.node, h.epoch]),
+      [[started.node, started.epoch]],
+      "the holder never changed while the object was idle",
+    );
+    await assert.rejects(
+      node.guard(key, () => assert.fail("the Node holder wrote")),
+      (err) => err instanceof NotHolderError && err.holder === started.node,
+    );
+    const status = await call<Status>(mf, "/holder/a/status");
+    console.log(
+      `after ${Math.round(idleMs)} ms idle (TTL ${TTL}):`,
+      JSON.stringify(status),
+    );
+    assert.equal(status.leading, true);
+    assert.equal(status.epoch, started.epoch);
+    assert.deepEqual(status.lost, []);
+    assert.equal(status.connectionClosed, false, "the WebSocket stayed open");
+    // The manager renews every TTL/3 on its own timers: about 10 in 3.5
+    // TTLs; at least 6 allows for a loaded machine.
+    assert.ok(status.renewals >= 6, `${status.renewals} renewals while idle`);
+    // A 100 ms interval ticked while no request was in flight.
+    assert.ok(
+      status.ticks - started.ticks >= idleMs / 100 / 2,
+      `${status.ticks - started.ticks} ticks of a 100 ms interval in ${
+        Math.round(idleMs)
+      } ms`,
+    );
+
+    // A write by the object under the lease it kept, journaled like the
+    // others; then a Node guard waits, and the object's stop hands over.
+    const write = await call<WriteRecord>(mf, "/holder/a/write");
+    assert.deepEqual([write.node, write.epoch], [started.node, started.epoch]);
+    const waiting = node.guard(key, nodeWrite, {
+      wait: true,
+      signal: AbortSignal.timeout(WAIT),
+    });
+    await sleep(100);
+    const stopped = await call<{ closed: { released: string[] } }>(
+      mf,
+      "/holder/a/stop",
+    );
+    assert.deepEqual(stopped.closed.released, [key]);
+    const taken = await waiting;
+    assert.ok(
+      taken.epoch > started.epoch,
+      "the Node holder's epoch is greater",
+    );
+    await node.release(key);
+    checkWrites(await journal(key));
   });
 });
