@@ -20,6 +20,7 @@ import assert from "node:assert/strict";
 import type { Miniflare } from "miniflare";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
 import {
   createLeaseManager,
   type Holder,
@@ -278,5 +279,57 @@ describe("workerd (miniflare " + COMPATIBILITY_DATE + ")", () => {
     );
     await node.release(key);
     checkWrites(await journal(key));
+  });
+
+  test("a stateless request: its timers stop when it answers, unless a WebSocket stays open; no other request can use its connection", async () => {
+    // The probe does on purpose what examples/workerd/worker.ts avoids.
+    const probe = await startWorker({
+      natsWsUrl: ns.wsUrl!,
+      bucket: BUCKET,
+      ttl: TTL,
+      entry: new URL("./test_util/workerd_probe.ts", import.meta.url),
+      durableObjects: {},
+    });
+    try {
+      // An interval whose request answered at once never fires.
+      await call(probe, "/tick");
+      await sleep(500);
+      assert.deepEqual(await call(probe, "/ticks"), { ticks: 0 });
+      // The same with a WebSocket left open keeps firing: the open socket
+      // keeps the request's context (and its timers) alive.
+      await call(probe, "/tick-ws");
+      await sleep(500);
+      const { ticks } = await call<{ ticks: number }>(probe, "/ticks");
+      assert.ok(ticks >= 3, `${ticks} ticks of a 50 ms interval in 500 ms`);
+
+      // A request that leaves its connection and manager open keeps
+      // running after it answered: its manager renews from its timers, and
+      // the lease stays held for 2 TTLs with no request in flight.
+      const kv = await new Kvm(nc).open(BUCKET);
+      const { epoch } = await call<{ epoch: number }>(probe, "/open");
+      await sleep(2 * TTL);
+      const entry = await kv.get("leaked");
+      assert.equal(entry?.string(), "leaked", "the probe still holds the key");
+      assert.ok(
+        entry!.revision > epoch,
+        `renewed after answering (revision ${entry!.revision} > ${epoch})`,
+      );
+      assert.equal((await node.holder("leaked"))?.epoch, epoch);
+
+      // But another request cannot use that connection or manager: a
+      // synchronous call throws, and I/O on the WebSocket never settles.
+      const reuse = await call<Record<string, unknown>>(probe, "/reuse");
+      console.log("another request using the first one's manager:", reuse);
+      assert.ok((reuse.renewals as number) >= 3, `${reuse.renewals} renewals`);
+      assert.equal(reuse.closed, false);
+      assert.match(
+        reuse.health as string,
+        /^Error: Cannot perform I\/O on behalf of a different request\. .*\(I\/O type: RefcountedCanceler\)$/,
+      );
+      assert.equal(reuse.guard, "pending", "a guard from another request");
+      assert.equal(reuse.flush, "pending", "a flush from another request");
+    } finally {
+      await probe.dispose();
+    }
   });
 });

@@ -28,10 +28,12 @@ import process from "node:process";
  */
 export const COMPATIBILITY_DATE = "2026-07-30";
 
-/** Bundles `worker.ts` and what it imports into one ES module. */
-export async function bundleWorker(): Promise<string> {
+/** Bundles `entry` (`worker.ts`) and what it imports into one ES module. */
+export async function bundleWorker(
+  entry: URL = new URL("./worker.ts", import.meta.url),
+): Promise<string> {
   const result = await esbuild.build({
-    entryPoints: [new URL("./worker.ts", import.meta.url).pathname],
+    entryPoints: [decodeURIComponent(entry.pathname)],
     bundle: true,
     format: "esm",
     // "browser" honours tweetnacl's `"browser": { "crypto": false }`;
@@ -54,6 +56,13 @@ export interface WorkerOptions {
   ttl?: number;
   /** Serve HTTP on this port (0: none, use `dispatchFetch`). @default {0} */
   port?: number;
+  /** The worker's module. @default {worker.ts beside this file} */
+  entry?: URL;
+  /**
+   * Durable Object namespaces: binding name to exported class.
+   * @default {{ HOLDER: "LeaseHolder" }}
+   */
+  durableObjects?: Record<string, string>;
 }
 
 /** Starts the worker in workerd; dispose of the result to stop it. */
@@ -63,10 +72,10 @@ export async function startWorker(options: WorkerOptions): Promise<Miniflare> {
   if (options.ttl) bindings.LEASE_TTL = String(options.ttl);
   const mf = new Miniflare({
     modules: true,
-    script: await bundleWorker(),
+    script: await bundleWorker(options.entry),
     compatibilityDate: COMPATIBILITY_DATE,
     bindings,
-    durableObjects: { HOLDER: "LeaseHolder" },
+    durableObjects: options.durableObjects ?? { HOLDER: "LeaseHolder" },
     ...(options.port ? { host: "127.0.0.1", port: options.port } : {}),
   });
   await mf.ready;
