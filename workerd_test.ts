@@ -17,6 +17,10 @@
 // Runs under `node --test` only (Node 24, which runs this TypeScript as is).
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
 import type { Miniflare } from "miniflare";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -38,6 +42,10 @@ const TTL = 1000;
 const BUCKET = "workerd";
 /** Every wait below is bounded by this. */
 const WAIT = 10_000;
+/** The workerd binary miniflare runs (npm package `workerd`). */
+const WORKERD = decodeURIComponent(
+  new URL("./node_modules/.bin/workerd", import.meta.url).pathname,
+);
 
 let ns: NatsServer;
 let mf: Miniflare;
@@ -330,6 +338,67 @@ describe("workerd (miniflare " + COMPATIBILITY_DATE + ")", () => {
       assert.equal(reuse.flush, "pending", "a flush from another request");
     } finally {
       await probe.dispose();
+    }
+  });
+
+  test("plain workerd refuses a WebSocket to 127.0.0.1 until its internet service allows private addresses (miniflare's does)", () => {
+    // `workerd test` runs the module's `test` handler once and exits: no
+    // port, no miniflare. The worker opens a bare WebSocket to the server.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "workerd-net-"));
+    try {
+      fs.writeFileSync(
+        path.join(dir, "probe.js"),
+        `export default {
+  async test(ctrl, env) {
+    const ws = new WebSocket(env.URL);
+    const r = await new Promise((resolve) => {
+      ws.addEventListener("open", () => resolve("open"));
+      ws.addEventListener("error", (e) => resolve("error: " + e.message));
+    });
+    if (r === "open") ws.close();
+    console.log("RESULT " + r);
+  },
+};
+`,
+      );
+      const run = (internet: string) => {
+        const file = path.join(dir, "config.capnp");
+        fs.writeFileSync(
+          file,
+          `using Workerd = import "/workerd/workerd.capnp";
+const config :Workerd.Config = (
+  services = [ (name = "main", worker = .w) ${internet} ],
+);
+const w :Workerd.Worker = (
+  modules = [ (name = "probe.js", esModule = embed "probe.js") ],
+  compatibilityDate = "${COMPATIBILITY_DATE}",
+  bindings = [ (name = "URL", text = "${ns.wsUrl}") ],
+);
+`,
+        );
+        // workerd logs to stderr, the worker's console.log included.
+        const out = spawnSync(WORKERD, ["test", file], {
+          encoding: "utf8",
+          timeout: WAIT,
+        });
+        return `${out.stdout}${out.stderr}`;
+      };
+      // No "internet" service: workerd's default allows public addresses
+      // only, and the connect to 127.0.0.1 is refused.
+      const refused = run("");
+      assert.match(refused, /connect\(\) blocked by restrictPeers\(\)/);
+      assert.match(
+        refused,
+        /RESULT error: Uncaught Error: internal error; reference = \w+/,
+      );
+      // An internet service that allows private addresses, as miniflare
+      // declares (allow = ["public", "private", "240.0.0.0/4"]): it opens.
+      const allowed = run(
+        `, (name = "internet", network = (allow = ["public", "private"]))`,
+      );
+      assert.match(allowed, /RESULT open/);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
     }
   });
 });
