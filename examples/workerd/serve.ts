@@ -4,7 +4,7 @@
  * Durable Object namespace for `LeaseHolder`, and the worker listens on
  * 127.0.0.1:8787.
  *
- *     NATS_WS_URL=ws://127.0.0.1:8080 node examples/workerd/serve.ts
+ *     NATS_WS_URL=ws://127.0.0.1:8080 node_modules/.bin/node examples/workerd/serve.ts
  *     curl -X POST http://127.0.0.1:8787/write/counter
  *     curl http://127.0.0.1:8787/holder/a/start?key=leader
  *     curl http://127.0.0.1:8787/holder/a/status

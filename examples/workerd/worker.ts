@@ -23,7 +23,7 @@
  *
  * Bundle it into one ES module (esbuild, `--platform=browser` so that
  * tweetnacl's optional `require("crypto")` is dropped) and run it with
- * miniflare: see `examples/workerd/run.mjs` and docs/runtimes.md.
+ * miniflare: see `serve.ts` beside it, and docs/runtimes.md.
  *
  * @module
  */
