@@ -170,6 +170,16 @@ function checkWrites(entries: Entry[]) {
 describe("workerd (miniflare " + COMPATIBILITY_DATE + ")", () => {
   test("concurrent Worker requests and a Node holder write one at a time, at growing epochs", async () => {
     const key = "journaled";
+    // Uncontended first: what one request costs (connect, set-up, a
+    // guarded write of 20 ms, release, close), for docs/runtimes.md.
+    const alone: number[] = [];
+    for (let i = 0; i < 3; i++) {
+      const t0 = performance.now();
+      await call<WriteRecord>(mf, `/write/${key}-alone`, "POST");
+      alone.push(Math.round(performance.now() - t0));
+    }
+    console.log(`uncontended requests took ${alone.join(", ")} ms`);
+
     const requests = Array.from(
       { length: 6 },
       () => call<WriteRecord>(mf, `/write/${key}`, "POST"),
