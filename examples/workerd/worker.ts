@@ -149,6 +149,14 @@ export class LeaseHolder {
   }
 
   async fetch(request: Request): Promise<Response> {
+    try {
+      return await this.#route(request);
+    } catch (err) {
+      return Response.json({ error: String(err) }, { status: 500 });
+    }
+  }
+
+  async #route(request: Request): Promise<Response> {
     const url = new URL(request.url);
     const action = url.pathname.split("/")[3];
     if (action === "start") {
