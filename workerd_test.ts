@@ -125,7 +125,8 @@ async function journal(key: string): Promise<Entry[]> {
   for (let seq = state.first_seq; seq <= state.last_seq; seq++) {
     const m = await jsm.streams.getMessage("LEASE_JOURNAL", { seq });
     if (!m || m.subject !== `lease-journal.${key}`) continue;
-    out.push({ seq, time: m.time.getTime(), ...m.json() });
+    const { phase, node, epoch } = m.json<Omit<Entry, "seq" | "time">>();
+    out.push({ seq, time: m.time.getTime(), phase, node, epoch });
   }
   return out;
 }
