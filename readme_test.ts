@@ -297,6 +297,9 @@ describe("the README's and docs' code blocks, run as written", () => {
       "browser-html",
       "browser-app",
       "browser-run",
+      "workerd-worker",
+      "workerd-serve",
+      "workerd-run",
       "leaf-servers",
       "leaf-app",
       "leaf-run",
@@ -803,6 +806,52 @@ describe("the README's and docs' code blocks, run as written", () => {
         assert.equal(ex.code, 0, `${ex.stdout}\n${ex.stderr}`);
         assert.match(ex.stdout, /\] wrote order #1 at epoch \d+$/m);
         assert.match(ex.stdout, /\] released 'orders' and closed/);
+      } finally {
+        await stopGroup(ws.child);
+      }
+    },
+  );
+
+  test(
+    "docs/runtimes.md's Cloudflare Workers quick start: miniflare and esbuild installed in the quick start's folder, two requests write in workerd over WebSocket",
+    {
+      timeout: 240_000,
+      skip: runtime === "node" ? false : "run once, under node --test",
+    },
+    async () => {
+      const wsPort = await freePort();
+      const wsServerPort = await freePort();
+      const code = (s: string) =>
+        s.replaceAll("8080", String(wsPort))
+          .replaceAll("4222", String(wsServerPort))
+          .replaceAll("../lease-quickstart", qs)
+          .replaceAll(".tools/nats-data", path.join(tmp, "workerd-data"))
+          .replaceAll(".tools/ws.conf", path.join(tmp, "workerd-ws.conf"));
+      const ws = await startServerBlock(code(block("edge-server")), wsPort);
+      try {
+        fs.writeFileSync(
+          path.join(qs, "worker.js"),
+          code(block("workerd-worker")),
+        );
+        fs.writeFileSync(
+          path.join(qs, "serve.mjs"),
+          code(block("workerd-serve")),
+        );
+        // Miniflare needs Node 22 or later: this test's Node 24 comes first.
+        const r = await run(
+          "bash",
+          ["-euo", "pipefail", "-c", code(block("workerd-run"))],
+          qs,
+          { PATH: `${path.dirname(process.execPath)}:${process.env.PATH}` },
+          210_000,
+        );
+        assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}\n${ws.log()}`);
+        const epochs = [
+          ...r.stdout.matchAll(/^wrote "counter" under epoch (\d+)$/gm),
+        ]
+          .map((m) => Number(m[1]));
+        assert.equal(epochs.length, 2, r.stdout);
+        assert.ok(epochs[1]! > epochs[0]!, r.stdout);
       } finally {
         await stopGroup(ws.child);
       }

@@ -1,0 +1,430 @@
+// test.sh: node only: the lease manager under test runs in workerd (through miniflare), not in the test's runtime
+// Leases in the Cloudflare Workers runtime (issue 17, part 2). The worker of
+// examples/workerd/worker.ts, bundled by esbuild, runs in workerd through
+// miniflare and connects to a real nats-server over WebSocket with
+// `wsconnect`; this process is a Node holder of the same keys over TCP.
+//
+// - Stateless requests: each opens its own connection and manager and does
+//   one guarded write with `wait: true`; concurrent requests and the Node
+//   holder append `start`/`end` to a JetStream journal, whose order shows
+//   that no two writes overlapped and that epochs never went down.
+// - A Durable Object campaigns for a key and keeps it for 3.5 TTLs with no
+//   request in flight: its timers fire, its WebSocket stays open, the
+//   manager's own renewals keep the lease.
+// - What workerd does to a stateless request's timers and connection once
+//   it has answered, asserted as observed (test_util/workerd_probe.ts).
+// - Why plain workerd cannot reach 127.0.0.1 while miniflare can: its
+//   default network allows public addresses only.
+// The limits are written down in docs/runtimes.md.
+//
+// Runs under `node --test` only (Node 24, which runs this TypeScript as is).
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import type { Miniflare } from "miniflare";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import {
+  createLeaseManager,
+  type Holder,
+  type Lease,
+  type LeaseManager,
+  NotHolderError,
+} from "./mod.ts";
+import { conn, sleep } from "./test_util/lease_helpers.ts";
+import { NatsServer } from "./test_util/nats_server.ts";
+import { COMPATIBILITY_DATE, startWorker } from "./examples/workerd/serve.ts";
+import type { WriteRecord } from "./examples/workerd/worker.ts";
+
+/** Short, to keep the file near 11 s, and twice MIN_TTL for a loaded CI. */
+const TTL = 1000;
+const BUCKET = "workerd";
+/** Every wait below is bounded by this. */
+const WAIT = 10_000;
+/** The workerd binary miniflare runs (npm package `workerd`). */
+const WORKERD = decodeURIComponent(
+  new URL("./node_modules/.bin/workerd", import.meta.url).pathname,
+);
+
+let ns: NatsServer;
+let mf: Miniflare;
+let nc: NatsConnection;
+let node: LeaseManager;
+
+before(async () => {
+  ns = await NatsServer.start({ websocket: true });
+  nc = await conn(ns.url);
+  // The journal, as the worker would create it on first use; made here so
+  // that the Node holder can write first.
+  await (await jetstreamManager(nc)).streams.add({
+    name: "LEASE_JOURNAL",
+    subjects: ["lease-journal.>"],
+  });
+  node = await createLeaseManager({
+    nc,
+    node: "node-holder",
+    bucket: BUCKET,
+    ttl: TTL,
+  });
+  mf = await startWorker({ natsWsUrl: ns.wsUrl!, bucket: BUCKET, ttl: TTL });
+});
+
+after(async () => {
+  // Each step runs even when one before it failed, so that nothing is left
+  // to keep `node --test` from exiting.
+  for (
+    const step of [
+      () => mf?.dispose(),
+      () => node?.close(),
+      () => nc?.close(),
+      () => ns?.[Symbol.asyncDispose](),
+    ]
+  ) {
+    try {
+      await step();
+    } catch (err) {
+      console.error("cleanup failed:", err);
+    }
+  }
+});
+
+/** A request to the worker, bounded by {@linkcode WAIT}, as parsed JSON. */
+async function call<T>(
+  target: Miniflare,
+  path: string,
+  method = "GET",
+): Promise<T> {
+  const res = await target.dispatchFetch(`http://worker${path}`, {
+    method,
+    signal: AbortSignal.timeout(WAIT),
+  });
+  const body = await res.text();
+  assert.equal(res.status, 200, `${method} ${path}: ${body}`);
+  return JSON.parse(body) as T;
+}
+
+/** One entry of the journal, as the worker and the Node holder append it. */
+interface Entry {
+  seq: number;
+  /** The server's time of the append, in ms. */
+  time: number;
+  phase: "start" | "end";
+  node: string;
+  epoch: number;
+}
+
+/** The journal of `key` in stream order. */
+async function journal(key: string): Promise<Entry[]> {
+  const jsm = await jetstreamManager(nc);
+  const { state } = await jsm.streams.info("LEASE_JOURNAL");
+  const out: Entry[] = [];
+  for (let seq = state.first_seq; seq <= state.last_seq; seq++) {
+    const m = await jsm.streams.getMessage("LEASE_JOURNAL", { seq });
+    if (!m || m.subject !== `lease-journal.${key}`) continue;
+    const { phase, node, epoch } = m.json<Omit<Entry, "seq" | "time">>();
+    out.push({ seq, time: m.time.getTime(), phase, node, epoch });
+  }
+  return out;
+}
+
+/** The Node holder's write, the same as the worker's `journaledWrite`. */
+async function nodeWrite(lease: Lease): Promise<WriteRecord> {
+  const js = jetstream(nc);
+  const subject = `lease-journal.${lease.key}`;
+  const entry = (phase: string) =>
+    JSON.stringify({ phase, node: lease.node, epoch: lease.epoch });
+  const start = await js.publish(subject, entry("start"));
+  await sleep(20);
+  lease.throwIfLost();
+  const end = await js.publish(subject, entry("end"));
+  return {
+    node: lease.node,
+    epoch: lease.epoch,
+    startSeq: start.seq,
+    endSeq: end.seq,
+  };
+}
+
+/**
+ * The writes in a journal, checked: each `start` is followed by its own
+ * `end` (same node and epoch) before anything else, so no two writes
+ * overlapped; epochs never decrease, and grow when the writer changes.
+ */
+function checkWrites(entries: Entry[]) {
+  const writes: { node: string; epoch: number; start: number; end: number }[] =
+    [];
+  for (let i = 0; i < entries.length; i += 2) {
+    const [s, e] = [entries[i]!, entries[i + 1]];
+    assert.equal(s.phase, "start", `seq ${s.seq} opens a write`);
+    assert.ok(e, `the write opened at seq ${s.seq} ends`);
+    assert.deepEqual(
+      [e.phase, e.node, e.epoch],
+      ["end", s.node, s.epoch],
+      `seq ${e.seq} ends the write of ${s.node} at epoch ${s.epoch} (no overlap)`,
+    );
+    const prev = writes.at(-1);
+    if (prev) {
+      assert.ok(
+        s.time >= prev.end,
+        `write at seq ${s.seq} starts after the last ended`,
+      );
+      assert.ok(
+        s.epoch > prev.epoch ||
+          (s.epoch === prev.epoch && s.node === prev.node),
+        `epoch ${s.epoch} of ${s.node} after ${prev.epoch} of ${prev.node}`,
+      );
+    }
+    writes.push({ node: s.node, epoch: s.epoch, start: s.time, end: e.time });
+  }
+  return writes;
+}
+
+describe("workerd (miniflare " + COMPATIBILITY_DATE + ")", () => {
+  test("concurrent Worker requests and a Node holder write one at a time, at growing epochs", async () => {
+    const key = "journaled";
+    // Uncontended first: what one request costs (connect, set-up, a
+    // guarded write of 20 ms, release, close), for docs/runtimes.md.
+    const alone: number[] = [];
+    for (let i = 0; i < 3; i++) {
+      const t0 = performance.now();
+      await call<WriteRecord>(mf, `/write/${key}-alone`, "POST");
+      alone.push(Math.round(performance.now() - t0));
+    }
+    console.log(`uncontended requests took ${alone.join(", ")} ms`);
+
+    const requests = Array.from(
+      { length: 6 },
+      () => call<WriteRecord>(mf, `/write/${key}`, "POST"),
+    );
+    // The Node holder writes three times meanwhile, releasing after each so
+    // the waiting requests get in between.
+    const nodeWrites: WriteRecord[] = [];
+    for (let i = 0; i < 3; i++) {
+      nodeWrites.push(
+        await node.guard(key, nodeWrite, {
+          wait: true,
+          signal: AbortSignal.timeout(WAIT),
+        }),
+      );
+      await node.release(key);
+      await sleep(30);
+    }
+    const workerWrites = await Promise.all(requests);
+
+    const writes = checkWrites(await journal(key));
+    assert.equal(writes.length, 9, "six worker writes and three Node writes");
+    assert.equal(new Set(workerWrites.map((w) => w.node)).size, 6);
+    assert.ok(workerWrites.every((w) => w.node.startsWith("worker-")));
+    for (const w of [...workerWrites, ...nodeWrites]) {
+      assert.equal(w.endSeq, w.startSeq + 1, `${w.node}'s write is one pair`);
+    }
+    console.log(
+      "writes (server ms from the first start):",
+      writes.map((w) =>
+        `${w.node}@${w.epoch} ${w.start - writes[0]!.start}-${
+          w.end - writes[0]!.start
+        }`
+      ).join(", "),
+    );
+  });
+
+  test("a Durable Object keeps its lease for 3 TTLs with no request in flight", async () => {
+    const key = "leader";
+    interface Status {
+      node: string;
+      leading: boolean;
+      epoch: number;
+      tenures: number[];
+      renewals: number;
+      lost: string[];
+      ticks: number;
+      connectionClosed: boolean;
+    }
+    const started = await call<Status>(mf, `/holder/a/start?key=${key}`);
+    assert.equal(started.leading, true, JSON.stringify(started));
+
+    // Whoever holds the key, as the Node side sees it, while nobody calls
+    // the object.
+    const idle = new AbortController();
+    const seen: (Holder | null)[] = [];
+    const watching = (async () => {
+      for await (const h of node.watch(key, { signal: idle.signal })) {
+        seen.push(h);
+      }
+    })();
+    const t0 = performance.now();
+    await sleep(3 * TTL + 500);
+    idle.abort();
+    await watching;
+    const idleMs = performance.now() - t0;
+
+    // Still held by the object, at the same epoch: nobody else got in.
+    assert.deepEqual(
+      seen.map((h) => h && [h.node, h.epoch]),
+      [[started.node, started.epoch]],
+      "the holder never changed while the object was idle",
+    );
+    await assert.rejects(
+      node.guard(key, () => assert.fail("the Node holder wrote")),
+      (err) => err instanceof NotHolderError && err.holder === started.node,
+    );
+    const status = await call<Status>(mf, "/holder/a/status");
+    console.log(
+      `after ${Math.round(idleMs)} ms idle (TTL ${TTL}):`,
+      JSON.stringify(status),
+    );
+    assert.equal(status.leading, true);
+    assert.equal(status.epoch, started.epoch);
+    assert.deepEqual(status.lost, []);
+    assert.equal(status.connectionClosed, false, "the WebSocket stayed open");
+    // The manager renews every TTL/3 on its own timers: about 10 in 3.5
+    // TTLs; at least 6 allows for a loaded machine.
+    assert.ok(status.renewals >= 6, `${status.renewals} renewals while idle`);
+    // A 100 ms interval ticked while no request was in flight.
+    assert.ok(
+      status.ticks - started.ticks >= idleMs / 100 / 2,
+      `${status.ticks - started.ticks} ticks of a 100 ms interval in ${
+        Math.round(idleMs)
+      } ms`,
+    );
+
+    // A write by the object under the lease it kept, journaled like the
+    // others; then a Node guard waits, and the object's stop hands over.
+    const write = await call<WriteRecord>(mf, "/holder/a/write");
+    assert.deepEqual([write.node, write.epoch], [started.node, started.epoch]);
+    const waiting = node.guard(key, nodeWrite, {
+      wait: true,
+      signal: AbortSignal.timeout(WAIT),
+    });
+    await sleep(100);
+    const stopped = await call<{ closed: { released: string[] } }>(
+      mf,
+      "/holder/a/stop",
+    );
+    assert.deepEqual(stopped.closed.released, [key]);
+    const taken = await waiting;
+    assert.ok(
+      taken.epoch > started.epoch,
+      "the Node holder's epoch is greater",
+    );
+    await node.release(key);
+    checkWrites(await journal(key));
+  });
+
+  test("a stateless request: its timers stop when it answers, unless a WebSocket stays open; no other request can use its connection", async () => {
+    // The probe does on purpose what examples/workerd/worker.ts avoids.
+    const probe = await startWorker({
+      natsWsUrl: ns.wsUrl!,
+      bucket: BUCKET,
+      ttl: TTL,
+      entry: new URL("./test_util/workerd_probe.ts", import.meta.url),
+      durableObjects: {},
+    });
+    try {
+      // An interval whose request answered at once never fires.
+      await call(probe, "/tick");
+      await sleep(500);
+      assert.deepEqual(await call(probe, "/ticks"), { ticks: 0 });
+      // The same with a WebSocket left open keeps firing: the open socket
+      // keeps the request's context (and its timers) alive.
+      await call(probe, "/tick-ws");
+      await sleep(500);
+      const { ticks } = await call<{ ticks: number }>(probe, "/ticks");
+      assert.ok(ticks >= 3, `${ticks} ticks of a 50 ms interval in 500 ms`);
+
+      // A request that leaves its connection and manager open keeps
+      // running after it answered: its manager renews from its timers, and
+      // the lease stays held for 2 TTLs with no request in flight.
+      const kv = await new Kvm(nc).open(BUCKET);
+      const { epoch } = await call<{ epoch: number }>(probe, "/open");
+      await sleep(2 * TTL);
+      const entry = await kv.get("leaked");
+      assert.equal(entry?.string(), "leaked", "the probe still holds the key");
+      assert.ok(
+        entry!.revision > epoch,
+        `renewed after answering (revision ${entry!.revision} > ${epoch})`,
+      );
+      assert.equal((await node.holder("leaked"))?.epoch, epoch);
+
+      // But another request cannot use that connection or manager: a
+      // synchronous call throws, and I/O on the WebSocket never settles.
+      const reuse = await call<Record<string, unknown>>(probe, "/reuse");
+      console.log("another request using the first one's manager:", reuse);
+      assert.ok((reuse.renewals as number) >= 3, `${reuse.renewals} renewals`);
+      assert.equal(reuse.closed, false);
+      assert.match(
+        reuse.health as string,
+        /^Error: Cannot perform I\/O on behalf of a different request\. .*\(I\/O type: RefcountedCanceler\)$/,
+      );
+      assert.equal(reuse.guard, "pending", "a guard from another request");
+      assert.equal(reuse.flush, "pending", "a flush from another request");
+    } finally {
+      await probe.dispose();
+    }
+  });
+
+  test("plain workerd refuses a WebSocket to 127.0.0.1 until its internet service allows private addresses (miniflare's does)", () => {
+    // `workerd test` runs the module's `test` handler once and exits: no
+    // port, no miniflare. The worker opens a bare WebSocket to the server.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "workerd-net-"));
+    try {
+      fs.writeFileSync(
+        path.join(dir, "probe.js"),
+        `export default {
+  async test(ctrl, env) {
+    const ws = new WebSocket(env.URL);
+    const r = await new Promise((resolve) => {
+      ws.addEventListener("open", () => resolve("open"));
+      ws.addEventListener("error", (e) => resolve("error: " + e.message));
+    });
+    if (r === "open") ws.close();
+    console.log("RESULT " + r);
+  },
+};
+`,
+      );
+      const run = (internet: string) => {
+        const file = path.join(dir, "config.capnp");
+        fs.writeFileSync(
+          file,
+          `using Workerd = import "/workerd/workerd.capnp";
+const config :Workerd.Config = (
+  services = [ (name = "main", worker = .w) ${internet} ],
+);
+const w :Workerd.Worker = (
+  modules = [ (name = "probe.js", esModule = embed "probe.js") ],
+  compatibilityDate = "${COMPATIBILITY_DATE}",
+  bindings = [ (name = "URL", text = "${ns.wsUrl}") ],
+);
+`,
+        );
+        // workerd logs to stderr, the worker's console.log included.
+        const out = spawnSync(WORKERD, ["test", file], {
+          encoding: "utf8",
+          timeout: WAIT,
+        });
+        return `${out.stdout}${out.stderr}`;
+      };
+      // No "internet" service: workerd's default allows public addresses
+      // only, and the connect to 127.0.0.1 is refused.
+      const refused = run("");
+      assert.match(refused, /connect\(\) blocked by restrictPeers\(\)/);
+      assert.match(
+        refused,
+        /RESULT error: Uncaught Error: internal error; reference = \w+/,
+      );
+      // An internet service that allows private addresses, as miniflare
+      // declares (allow = ["public", "private", "240.0.0.0/4"]): it opens.
+      const allowed = run(
+        `, (name = "internet", network = (allow = ["public", "private"]))`,
+      );
+      assert.match(allowed, /RESULT open/);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
