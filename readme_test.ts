@@ -292,7 +292,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       "edge-server",
       "edge-app",
       "edge-run",
-      // docs/runtimes.md's browser quick start runs in Chromium, in
+      // The README's browser quick start runs in Chromium, in
       // browser_test.ts (built and served by its esbuild command).
       "browser-html",
       "browser-app",
@@ -325,7 +325,9 @@ describe("the README's and docs' code blocks, run as written", () => {
     assert.equal(new Set(names).size, names.length, "a name used twice");
     const lines = fs.readFileSync(path.join(root, "README.md"), "utf8")
       .split("\n").length - 1;
-    assert.ok(lines < 250, `README.md has ${lines} lines`);
+    // A front page: the two quick starts of the edge section (issue 17)
+    // took it from 249 lines to about 390.
+    assert.ok(lines < 400, `README.md has ${lines} lines`);
     for (const f of files.filter((f) => f.startsWith("docs/"))) {
       assert.ok(
         fs.readFileSync(path.join(root, "README.md"), "utf8").includes(
@@ -768,7 +770,7 @@ describe("the README's and docs' code blocks, run as written", () => {
   );
 
   test(
-    "the edge example over WebSocket, and examples/README.md's deno.ts, on the WebSocket server of docs/runtimes.md",
+    "the edge example over WebSocket, and examples/README.md's deno.ts, on the README's WebSocket server",
     {
       timeout: 120_000,
       skip: runtime === "node" ? false : "run once, under node --test",
@@ -813,7 +815,7 @@ describe("the README's and docs' code blocks, run as written", () => {
   );
 
   test(
-    "docs/runtimes.md's Cloudflare Workers quick start: miniflare and esbuild installed in the quick start's folder, two requests write in workerd over WebSocket",
+    "the README's Cloudflare Workers quick start: miniflare and esbuild installed in the quick start's folder, two requests write in workerd over WebSocket",
     {
       timeout: 240_000,
       skip: runtime === "node" ? false : "run once, under node --test",

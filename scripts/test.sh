@@ -6,7 +6,10 @@
 # Usage: bash scripts/test.sh [--runtime deno|bun|node]... [--server current|oldest]... [files...]
 #
 #   --runtime R  run only runtime R (repeatable; default: deno, bun and node)
-#   --server S   run only against server S (repeatable; default: both)
+#   --server S   run only against server S (repeatable; default: both for
+#                deno and node, current only for bun: the matrix's Bun x
+#                2.9.10 cell is left out to keep CI under 40 minutes; name
+#                --server oldest to run it)
 #                  current = .tools/bin/nats-server (built by scripts/setup.sh)
 #                  oldest  = /usr/sbin/nats-server (Debian's 2.9.10)
 #   files        test files (default: every *_test.ts in the repo root and
@@ -35,7 +38,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 usage() {
-  sed -n '6,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '6,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 runtimes=()
@@ -60,6 +63,7 @@ while (($# > 0)); do
   esac
 done
 ((${#runtimes[@]} > 0)) || runtimes=(deno bun node)
+servers_given=${#servers[@]}
 ((${#servers[@]} > 0)) || servers=(current oldest)
 for r in "${runtimes[@]}"; do
   [[ "$r" =~ ^(deno|bun|node)$ ]] || {
@@ -348,6 +352,14 @@ total_failed=0
 total_skipped=0
 for runtime in "${runtimes[@]}"; do
   for server in "${servers[@]}"; do
+    # By default Bun runs against the current server only: nats.js is the
+    # same code under every runtime, so what differs by server version is
+    # covered under deno and node, and what differs by runtime against the
+    # current server.
+    if ((servers_given == 0)) && [[ "$runtime" == bun && "$server" == oldest ]]; then
+      echo "bun   server oldest: not run by default (name --server oldest to run it)"
+      continue
+    fi
     bin="$(server_binary "$server")"
     if [[ -x "$bin" ]]; then
       version="$("$bin" --version 2>/dev/null | sed -E 's/^.*v([0-9][^ ]*).*$/\1/')"
