@@ -161,6 +161,16 @@ function canConnect(port: number): Promise<boolean> {
  * a process group of its own, and resolves once `port` accepts
  * connections.
  */
+/**
+ * `p` relative to the clone, where server blocks run: a store directory
+ * stays a relative path (`../..`), as `.tools/nats-data` is in the block,
+ * so a config that leaves it unquoted fails here as it does for a reader
+ * (nats-server parses a bare value starting with "." as a number).
+ */
+function rel(p: string): string {
+  return path.relative(root, p);
+}
+
 async function startServerBlock(
   code: string,
   port: number,
@@ -226,7 +236,7 @@ describe("the README's and docs' code blocks, run as written", () => {
   function local(code: string): string {
     let out = code
       .replaceAll("../lease-quickstart", qs)
-      .replaceAll(".tools/nats-data", path.join(tmp, "nats-data"))
+      .replaceAll(".tools/nats-data", rel(path.join(tmp, "nats-data")))
       .replaceAll(".tools/ws.conf", path.join(tmp, "ws.conf"))
       .replaceAll("4222", String(port));
     if (runtime !== "node") {
@@ -782,7 +792,7 @@ describe("the README's and docs' code blocks, run as written", () => {
         s.replaceAll("8080", String(wsPort))
           .replaceAll("4222", String(wsServerPort))
           .replaceAll("../lease-quickstart", qs)
-          .replaceAll(".tools/nats-data", path.join(tmp, "ws-data"))
+          .replaceAll(".tools/nats-data", rel(path.join(tmp, "ws-data")))
           .replaceAll(".tools/ws.conf", path.join(tmp, "ws.conf"));
       const ws = await startServerBlock(code(block("edge-server")), wsPort);
       try {
@@ -827,7 +837,7 @@ describe("the README's and docs' code blocks, run as written", () => {
         s.replaceAll("8080", String(wsPort))
           .replaceAll("4222", String(wsServerPort))
           .replaceAll("../lease-quickstart", qs)
-          .replaceAll(".tools/nats-data", path.join(tmp, "workerd-data"))
+          .replaceAll(".tools/nats-data", rel(path.join(tmp, "workerd-data")))
           .replaceAll(".tools/ws.conf", path.join(tmp, "workerd-ws.conf"));
       const ws = await startServerBlock(code(block("edge-server")), wsPort);
       try {
@@ -875,8 +885,8 @@ describe("the README's and docs' code blocks, run as written", () => {
       const code = (s: string) =>
         s.replace(/\b(4222|4223|7422)\b/g, (p) => String(ports[p]))
           .replaceAll("../lease-quickstart", qs)
-          .replaceAll(".tools/hub-data", path.join(tmp, "hub-data"))
-          .replaceAll(".tools/leaf-data", path.join(tmp, "leaf-data"))
+          .replaceAll(".tools/hub-data", rel(path.join(tmp, "hub-data")))
+          .replaceAll(".tools/leaf-data", rel(path.join(tmp, "leaf-data")))
           .replaceAll(".tools/hub.conf", path.join(tmp, "hub.conf"))
           .replaceAll(".tools/leaf.conf", path.join(tmp, "leaf.conf"));
       const servers = await startServerBlock(
