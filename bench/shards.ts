@@ -293,14 +293,27 @@ try {
   const bucket = `shards${Date.now() % 1e6}`;
   {
     const nc = await connect({ servers: cluster.urls });
-    const m = await createLeaseManager({
-      nc,
-      node: "bench-setup",
-      bucket,
-      ttl: TTL,
-      replicas: NODES,
-    });
-    await m.close();
+    // A cluster that just elected its meta leader can take longer than a
+    // request's timeout to create an R3 stream (seen once under Deno): the
+    // creation is idempotent, so ask again, for up to a minute.
+    const end = performance.now() + 60_000;
+    for (;;) {
+      try {
+        const m = await createLeaseManager({
+          nc,
+          node: "bench-setup",
+          bucket,
+          ttl: TTL,
+          replicas: NODES,
+        });
+        await m.close();
+        break;
+      } catch (err) {
+        if (performance.now() > end) throw err;
+        console.error(`# bucket creation: ${err}; asking again`);
+        await sleep(1000);
+      }
+    }
     await nc.close();
   }
   console.log(
