@@ -707,7 +707,7 @@ describe("waiting for a lease", () => {
     );
     await a.release("k");
     await writing;
-    // Without the change, the consumer stayed until the write returned.
+    // The write still runs: no consumer may be left for the wait that ended.
     await eventually(
       async () => await consumers(jsm, bucket) === 0,
       5000,

@@ -245,6 +245,27 @@ describe("the README's and docs' code blocks, run as written", () => {
     return out;
   }
 
+  /**
+   * Starts the README's WebSocket server (`edge-server`) on free ports, its
+   * store and config named after `name`, and returns it with the function
+   * that puts the same ports and folders into the blocks that use it.
+   */
+  async function startEdgeServer(name: string): Promise<{
+    code: (s: string) => string;
+    ws: { child: ChildProcess; log: () => string };
+  }> {
+    const wsPort = await freePort();
+    const wsServerPort = await freePort();
+    const code = (s: string) =>
+      s.replaceAll("8080", String(wsPort))
+        .replaceAll("4222", String(wsServerPort))
+        .replaceAll("../lease-quickstart", qs)
+        .replaceAll(".tools/nats-data", rel(path.join(tmp, `${name}-data`)))
+        .replaceAll(".tools/ws.conf", path.join(tmp, `${name}-ws.conf`));
+    const ws = await startServerBlock(code(block("edge-server")), wsPort);
+    return { code, ws };
+  }
+
   before(async () => {
     tmp = fs.mkdtempSync(path.join(os.tmpdir(), "lease-readme-"));
     qs = path.join(tmp, "lease-quickstart");
@@ -786,15 +807,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       skip: runtime === "node" ? false : "run once, under node --test",
     },
     async () => {
-      const wsPort = await freePort();
-      const wsServerPort = await freePort();
-      const code = (s: string) =>
-        s.replaceAll("8080", String(wsPort))
-          .replaceAll("4222", String(wsServerPort))
-          .replaceAll("../lease-quickstart", qs)
-          .replaceAll(".tools/nats-data", rel(path.join(tmp, "ws-data")))
-          .replaceAll(".tools/ws.conf", path.join(tmp, "ws.conf"));
-      const ws = await startServerBlock(code(block("edge-server")), wsPort);
+      const { code, ws } = await startEdgeServer("ws");
       try {
         fs.writeFileSync(path.join(qs, "edge.js"), code(block("edge-app")));
         const r = await run(
@@ -831,15 +844,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       skip: runtime === "node" ? false : "run once, under node --test",
     },
     async () => {
-      const wsPort = await freePort();
-      const wsServerPort = await freePort();
-      const code = (s: string) =>
-        s.replaceAll("8080", String(wsPort))
-          .replaceAll("4222", String(wsServerPort))
-          .replaceAll("../lease-quickstart", qs)
-          .replaceAll(".tools/nats-data", rel(path.join(tmp, "workerd-data")))
-          .replaceAll(".tools/ws.conf", path.join(tmp, "workerd-ws.conf"));
-      const ws = await startServerBlock(code(block("edge-server")), wsPort);
+      const { code, ws } = await startEdgeServer("workerd");
       try {
         fs.writeFileSync(
           path.join(qs, "worker.js"),

@@ -26,7 +26,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import type { Miniflare } from "miniflare";
 import type { NatsConnection } from "@nats-io/nats-core";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import {
   createLeaseManager,
@@ -38,7 +38,7 @@ import {
 import { conn, sleep } from "./test_util/lease_helpers.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 import { COMPATIBILITY_DATE, startWorker } from "./examples/workerd/serve.ts";
-import type { WriteRecord } from "./examples/workerd/worker.ts";
+import { journaledWrite, type WriteRecord } from "./examples/workerd/worker.ts";
 
 /**
  * Short, to keep the file near 20 s, yet long enough that a renewal delayed
@@ -135,22 +135,9 @@ async function journal(key: string): Promise<Entry[]> {
   return out;
 }
 
-/** The Node holder's write, the same as the worker's `journaledWrite`. */
-async function nodeWrite(lease: Lease): Promise<WriteRecord> {
-  const js = jetstream(nc);
-  const subject = `lease-journal.${lease.key}`;
-  const entry = (phase: string) =>
-    JSON.stringify({ phase, node: lease.node, epoch: lease.epoch });
-  const start = await js.publish(subject, entry("start"));
-  await sleep(20);
-  lease.throwIfLost();
-  const end = await js.publish(subject, entry("end"));
-  return {
-    node: lease.node,
-    epoch: lease.epoch,
-    startSeq: start.seq,
-    endSeq: end.seq,
-  };
+/** The Node holder's write: the worker's own, over this TCP connection. */
+function nodeWrite(lease: Lease): Promise<WriteRecord> {
+  return journaledWrite(nc, lease);
 }
 
 /**

@@ -276,7 +276,7 @@ async function ensureJournal(nc: NatsConnection): Promise<void> {
  * a write that overlapped another would leave the other's message between
  * its two.
  */
-async function journaledWrite(
+export async function journaledWrite(
   nc: NatsConnection,
   lease: Lease,
 ): Promise<WriteRecord> {
