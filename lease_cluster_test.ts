@@ -292,6 +292,27 @@ describe("lease manager on a 3-node cluster", () => {
     assert.ok(took >= 5_900, `created after ${took.toFixed(0)} ms`);
   });
 
+  // A cluster whose meta group is electing a leader drops the JetStream API
+  // requests that reach it then and never answers them. A landing CI run
+  // lost a bucket's creation that way: the manager waited the whole set-up
+  // deadline for the one answer. The creation is asked again after a
+  // shorter attempt; here the proxy drops the first one.
+  test("R3: creating a bucket asks again when the stream creation gets no answer", async () => {
+    await using proxy = await NatsProxy.start(
+      Number(new URL(cluster.urls[0]!).port),
+    );
+    let creates = 0;
+    proxy.onFrame = (f, dir) => {
+      if (dir === "up" && f.subject?.startsWith("$JS.API.STREAM.CREATE.")) {
+        creates++;
+        if (creates === 1) return "drop";
+      }
+    };
+    // Before, the one attempt lasted the whole deadline and set-up threw.
+    await setUpAndWrite(await connTo(proxy.url), 1_000);
+    assert.equal(creates, 2, "the creation was sent again, once");
+  });
+
   // Set-up learns every peer's version from one $SYS STATZ ping, answered by
   // each server. A CI run under load once lost an answer and refused the
   // bucket; the ping is now sent again each second until all have answered.
