@@ -392,6 +392,38 @@ describe("the README's and docs' code blocks, run as written", () => {
     assert.match(installed.stderr, /\(1 copy of @nats-io\/nats-core\)/);
   });
 
+  test("scripts/pack.sh's package has the ./otel entry, with @opentelemetry/api an optional peer, and it loads where the application has that package", async () => {
+    assert.equal(installed.code, 0, installed.stderr);
+    const dir = path.join(qs, "node_modules", "@nats-lease", "lease");
+    const pkg = JSON.parse(
+      fs.readFileSync(path.join(dir, "package.json"), "utf8"),
+    );
+    assert.deepEqual(pkg.exports["./otel"], {
+      types: "./otel.d.ts",
+      default: "./otel.js",
+    });
+    assert.ok(pkg.peerDependencies["@opentelemetry/api"]);
+    assert.equal(pkg.peerDependenciesMeta["@opentelemetry/api"].optional, true);
+    assert.ok(!("@opentelemetry/api" in pkg.dependencies));
+    assert.ok(fs.existsSync(path.join(dir, "otel.d.ts")));
+    // The application's own @opentelemetry/api: the repo's, linked in.
+    const otelDir = path.join(qs, "node_modules", "@opentelemetry");
+    if (!fs.existsSync(otelDir)) {
+      fs.symlinkSync(
+        path.join(root, "node_modules", "@opentelemetry"),
+        otelDir,
+        "dir",
+      );
+    }
+    const r = await run(path.join(root, "node_modules", ".bin", "node"), [
+      "--input-type=module",
+      "-e",
+      'const m = await import("@nats-lease/lease/otel"); console.log(typeof m.instrument);',
+    ], qs);
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.stdout.trim(), "function");
+  });
+
   test(
     "the quick start: two copies of app.js, one writes, the other waits for its close() and writes at a higher epoch",
     { timeout: 90_000 },

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the package as JSR's npm layer would serve it (ESM JavaScript and
 # .d.ts files, @nats-io/* left as bare imports) into an npm tarball, for
-# using the library from this clone before it is on JSR.
+# using the library from this clone before it is on JSR: the main entry and
+# ./otel, whose @opentelemetry/api is an optional peer dependency (the
+# `lease` command runs from the clone, see docs/cli.md).
 #
 # Usage: bash scripts/pack.sh [--install DIR]
 #
@@ -65,6 +67,9 @@ for (const [name, target] of Object.entries(deno.imports)) {
   const m = /^npm:(@?[^@]+)@(.+)$/.exec(target);
   if (m && m[1] === name && used.has(name)) dependencies[name] = m[2];
 }
+const otelRange = /^npm:@opentelemetry\/api@(.+)$/.exec(
+  deno.imports["@opentelemetry/api"],
+)[1];
 fs.writeFileSync(
   path.join(pkg, "package.json"),
   JSON.stringify(
@@ -74,10 +79,17 @@ fs.writeFileSync(
       description: "Single-writer leases with fencing epochs over NATS JetStream KV",
       license: deno.license,
       type: "module",
-      exports: { ".": { types: "./mod.d.ts", default: "./mod.js" } },
+      exports: {
+        ".": { types: "./mod.d.ts", default: "./mod.js" },
+        "./otel": { types: "./otel.d.ts", default: "./otel.js" },
+      },
       files: ["*.js", "*.d.ts", "README.md", "LICENSE"],
       engines: { node: ">=20" },
       dependencies,
+      // Only ./otel imports it, and an application that measures has its
+      // own copy: the one its SDK registers the meter provider with.
+      peerDependencies: { "@opentelemetry/api": otelRange },
+      peerDependenciesMeta: { "@opentelemetry/api": { optional: true } },
     },
     null,
     2,
@@ -102,7 +114,7 @@ fs.writeFileSync(
       rootDir: root,
       outDir: pkg,
     },
-    files: [path.join(root, "mod.ts")],
+    files: [path.join(root, "mod.ts"), path.join(root, "otel.ts")],
   }),
 );
 EOF
