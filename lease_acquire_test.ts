@@ -11,11 +11,7 @@ import { execFileSync, spawn } from "node:child_process";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
-import {
-  jetstream,
-  type JetStreamManager,
-  jetstreamManager,
-} from "@nats-io/jetstream";
+import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
 import {
@@ -25,7 +21,12 @@ import {
   type LeaseManagerOptions,
   NotHolderError,
 } from "./mod.ts";
-import { eventually, sleep, uniq } from "./test_util/lease_helpers.ts";
+import {
+  createBucket,
+  eventually,
+  sleep,
+  uniq,
+} from "./test_util/lease_helpers.ts";
 import {
   NatsCluster,
   NatsServer,
@@ -989,14 +990,11 @@ describe("campaign on a 3-node cluster", () => {
     cluster = await NatsCluster.start(3);
     // The first replicated stream of a cluster that just elected its meta
     // leader can take longer than a request's 5 s (it timed out once under
-    // CI load): make one with a long timeout, so the tests measure the
-    // lease, not the cluster's start.
+    // CI load): make one first, so the tests measure the lease, not the
+    // cluster's start.
     const nc = await conn(cluster.urls[0]!);
     try {
-      await new Kvm(jetstream(nc, { timeout: 30_000 })).create("warmup", {
-        replicas,
-        ttl: TTL,
-      });
+      await createBucket(nc, "warmup", { replicas, ttl: TTL });
     } finally {
       await nc.close();
     }

@@ -10,8 +10,9 @@ import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
 import { connect } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
+import { createBucket } from "./test_util/lease_helpers.ts";
 import {
   NatsCluster,
   NatsServer,
@@ -20,7 +21,6 @@ import {
 import {
   casSafeVersion,
   createLeaseManager,
-  SETUP_TIMEOUT,
   unsafeReplicaReason,
 } from "./lease.ts";
 
@@ -71,12 +71,8 @@ async function withBucket(
   replicas: number,
 ): Promise<void> {
   // With a TTL, so that createLeaseManager accepts the bucket as a lease
-  // bucket. A replicated stream is created once its raft group has a leader,
-  // which a failed first vote delays by 4-9 s: wait as set-up does.
-  await new Kvm(jetstream(nc, { timeout: SETUP_TIMEOUT })).create(bucket, {
-    replicas,
-    ttl: 2000,
-  });
+  // bucket.
+  await createBucket(nc, bucket, { replicas, ttl: 2000 });
 }
 
 /** Runs the check, asserting it also returns within its budget. */

@@ -27,7 +27,12 @@ import {
   NotHolderError,
   UnavailableError,
 } from "./mod.ts";
-import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
+import {
+  createBucket,
+  guardUntil,
+  sleep,
+  uniq,
+} from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 import { ProxiedCluster } from "./test_util/proxied_cluster.ts";
@@ -968,17 +973,7 @@ describe("lease safety on a 3-node cluster", () => {
     let m: LeaseManager | undefined;
     let p: NatsProxy | undefined;
     try {
-      // A cluster that has just elected its meta leader may still time out
-      // the first stream it is asked to create.
-      for (let i = 0;; i++) {
-        try {
-          await new Kvm(op).create(bucket, { ttl, history: 1, replicas: 3 });
-          break;
-        } catch (err) {
-          if (i >= 10) throw err;
-          await sleep(500);
-        }
-      }
+      await createBucket(op, bucket, { ttl, history: 1, replicas: 3 });
       const info = await (await jetstreamManager(op)).streams.info(
         `KV_${bucket}`,
       );

@@ -230,6 +230,62 @@ export interface InstrumentOptions {
    * @default {"cas"}
    */
   check?: GuardCheck;
+  /**
+   * Attributes added to every measurement, `lease.held` included: what
+   * tells apart several managers measured on one meter, e.g.
+   * `{ "lease.bucket": leases.bucket }`. Without them their series share
+   * one attribute set and the SDK keeps one manager's value of each
+   * observed instrument, not their sum. Keep them to a few fixed values
+   * per process: each value is a series of every instrument. Names this
+   * module sets (`lease.check`, `lease.guard.outcome`, `lease.key`,
+   * `lease.transition`, `lease.lost.reason`, `error.type`) are refused.
+   * @default {{}}
+   */
+  attributes?: Readonly<MetricAttributes>;
+}
+
+/** Attribute names {@linkcode InstrumentedLeaseManager} sets itself. */
+const OWN_ATTRIBUTES: ReadonlySet<string> = new Set([
+  "lease.check",
+  "lease.guard.outcome",
+  "lease.key",
+  "lease.transition",
+  "lease.lost.reason",
+  "error.type",
+]);
+
+/** `options.attributes`, checked and frozen. */
+function baseAttributes(value: unknown): Readonly<MetricAttributes> {
+  if (value === undefined) return Object.freeze({});
+  if (
+    typeof value !== "object" || value === null || Array.isArray(value)
+  ) {
+    throw new TypeError(
+      `Cannot instrument lease manager as 'attributes' must be an object: received ${
+        Array.isArray(value) ? "an array" : String(value)
+      }`,
+    );
+  }
+  const out: MetricAttributes = {};
+  for (const [name, v] of Object.entries(value)) {
+    if (OWN_ATTRIBUTES.has(name)) {
+      throw new TypeError(
+        `Cannot instrument lease manager as attribute '${name}' is set by the instrumentation itself: use another name`,
+      );
+    }
+    if (
+      typeof v !== "string" && typeof v !== "boolean" &&
+      !(typeof v === "number" && Number.isFinite(v))
+    ) {
+      throw new TypeError(
+        `Cannot instrument lease manager as attribute '${name}' must be a string, a finite number or a boolean: received ${
+          typeof v === "object" ? JSON.stringify(v) : String(v)
+        }`,
+      );
+    }
+    out[name] = v;
+  }
+  return Object.freeze(out);
 }
 
 /** `lease.guard.outcome`, by index into the local counts. */
@@ -287,6 +343,8 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
   readonly #perKey: boolean;
   readonly #leaseDurations: boolean;
   readonly #check: GuardCheck;
+  /** `options.attributes`: the start of every attribute set made here. */
+  readonly #base: Readonly<MetricAttributes>;
   readonly #duration: MetricHistogram;
   readonly #transitions: MetricCounter;
   readonly #rejections: MetricCounter;
@@ -341,6 +399,7 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
         );
       }
     }
+    this.#base = baseAttributes(options.attributes);
     const meter = this.#meter;
     this.#duration = meter.createHistogram("lease.guard.duration", {
       description:
@@ -379,6 +438,7 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
       for (const outcome of OUTCOMES) {
         this.#attrs.push(
           Object.freeze({
+            ...this.#base,
             "lease.check": check,
             "lease.guard.outcome": outcome,
           }),
@@ -387,7 +447,7 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
     }
     this.#observe = (result) => {
       this.#flush();
-      result.observe(this.#held, this.#inner.health().held);
+      result.observe(this.#held, this.#inner.health().held, this.#base);
       this.#observeCounts(result, this.#counts, undefined);
       for (const [key, counts] of this.#keyCounts) {
         this.#observeCounts(result, counts, key);
@@ -425,7 +485,10 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
   #transition(
     e: LeaseAcquiredEvent | LeaseLostEvent | LeaseReleasedEvent,
   ): void {
-    const attrs: MetricAttributes = { "lease.transition": e.type };
+    const attrs: MetricAttributes = {
+      ...this.#base,
+      "lease.transition": e.type,
+    };
     if (e.type === "lost") {
       attrs["lease.lost.reason"] = (e as LeaseLostEvent).reason;
     }
@@ -434,7 +497,10 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
   }
 
   #renewalFailed(e: RenewalFailedEvent): void {
-    const attrs: MetricAttributes = { "error.type": errorType(e.error) };
+    const attrs: MetricAttributes = {
+      ...this.#base,
+      "error.type": errorType(e.error),
+    };
     if (this.#perKey) attrs["lease.key"] = e.key;
     this.#renewalFailures.add(1, attrs);
   }
@@ -442,7 +508,7 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
   #renewed(e: LeaseRenewedEvent): void {
     this.#renewalDuration.record(
       e.duration / 1000,
-      this.#perKey ? { "lease.key": e.key } : undefined,
+      this.#perKey ? { ...this.#base, "lease.key": e.key } : this.#base,
     );
   }
 
@@ -511,7 +577,7 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
       ? undefined
       : this.#errorAttrs.get(type);
     if (attrs === undefined) {
-      attrs = { "error.type": type };
+      attrs = { ...this.#base, "error.type": type };
       if (this.#perKey) attrs["lease.key"] = key;
       else this.#errorAttrs.set(type, Object.freeze(attrs));
     }
@@ -872,7 +938,8 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
  * `lease.guard.outcome` is `ok`, `not_holder` or `unavailable` (rejected
  * with `NotHolderError` or `UnavailableError` before
  * the write), or `error` (the write threw, or another rejection). With
- * `perKey`, `lease.key` is added to all but `lease.held`.
+ * `perKey`, `lease.key` is added to all but `lease.held`. The `attributes`
+ * option is added to all: give each manager measured on one meter its own.
  *
  * `lease.renewal.duration` times the renewals the manager makes on its
  * timer (its `renewed` events). A key kept busy by CAS-checked guards is
@@ -880,9 +947,9 @@ export class InstrumentedLeaseManager implements LeaseManager, Disposable {
  * `lease.guard.duration`.
  *
  * @param leases The manager to measure.
- * @param options The meter, `perKey`, `leaseDurations` and the manager's `check`.
+ * @param options The meter, `perKey`, `leaseDurations`, the manager's `check` and the `attributes` of every measurement.
  * @returns The measuring manager; `stop()` (or `using`) ends the measuring.
- * @throws {TypeError} `check` is neither `"cas"` nor `"lease"`, or `perKey` or `leaseDurations` is not a boolean.
+ * @throws {TypeError} `check` is neither `"cas"` nor `"lease"`, `perKey` or `leaseDurations` is not a boolean, or `attributes` is not an object of strings, finite numbers and booleans, or names an attribute the instrumentation sets.
  *
  * @example Measure the guards of a manager
  * ```ts ignore

@@ -197,11 +197,27 @@ describe("instrument()", () => {
 
     // The server frozen past the deadline: renewals fail, the tenure ends.
     await ns.pause();
+    let paused: Map<string, Point[]>;
     try {
       await eventually(() => losses.length > 0, 5000, "the loss by pause");
+      await sleep(10);
+      // Read while the server is still paused. A lapsed tenure keeps its
+      // claim, so once the server answers again, the renewal timer's next
+      // CAS may take the key back under a new tenure (lease.held 1 again):
+      // a CI run under load saw it land before a read made 10 ms after the
+      // resume.
+      paused = await collect(reader);
     } finally {
       await ns.resume();
     }
+    assert.equal(
+      point(paused, "lease.transitions", {
+        "lease.transition": "lost",
+        "lease.lost.reason": "expired",
+      })?.value,
+      1,
+    );
+    assert.equal(point(paused, "lease.held", {})?.value, 0);
     await sleep(10);
     got = await collect(reader);
     const failed = point(got, "lease.renewal.failures", {
@@ -211,16 +227,9 @@ describe("instrument()", () => {
       (failed?.value ?? 0) >= 1,
       JSON.stringify(got.get("lease.renewal.failures")),
     );
-    assert.equal(
-      point(got, "lease.transitions", {
-        "lease.transition": "lost",
-        "lease.lost.reason": "expired",
-      })?.value,
-      1,
-    );
-    assert.equal(point(got, "lease.held", {})?.value, 0);
 
-    // Held again, then the bucket deleted under it.
+    // Held again (by the renewal timer's new tenure, or by this guard),
+    // then the bucket deleted under it.
     await acquire(a, "k");
     got = await collect(reader);
     assert.equal(point(got, "lease.held", {})?.value, 1);
@@ -355,6 +364,57 @@ describe("instrument()", () => {
         1,
       );
     }
+  });
+
+  test("attributes tell apart two managers measured on one meter, lease.held included; bad attributes throw TypeError", async () => {
+    const reader = new Reader();
+    const provider = new MeterProvider({ readers: [reader] });
+    providers.push(provider);
+    const meter = provider.getMeter("test");
+    const a = instrument(await manager("a", uniq("otel")), {
+      meter,
+      attributes: { "lease.bucket": "one" },
+    });
+    const b = instrument(await manager("b", uniq("otel")), {
+      meter,
+      attributes: { "lease.bucket": "two" },
+    });
+    await acquire(a, "k1");
+    await Promise.all([acquire(b, "k1"), acquire(b, "k2")]);
+    await sleep(10);
+    const got = await collect(reader);
+    const one = { "lease.bucket": "one" };
+    const two = { "lease.bucket": "two" };
+    assert.equal(point(got, "lease.held", one)?.value, 1);
+    assert.equal(point(got, "lease.held", two)?.value, 2);
+    const ok = { "lease.check": "cas", "lease.guard.outcome": "ok" };
+    assert.equal(point(got, "lease.guards", { ...ok, ...one })?.value, 1);
+    assert.equal(point(got, "lease.guards", { ...ok, ...two })?.value, 2);
+    assert.equal(
+      point(got, "lease.transitions", {
+        "lease.transition": "acquired",
+        ...two,
+      })?.value,
+      2,
+    );
+    for (const p of [...got.values()].flat()) {
+      assert.ok("lease.bucket" in p.attrs, JSON.stringify(p.attrs));
+    }
+    assert.throws(
+      () => instrument(a, { attributes: { "lease.key": "x" } }),
+      /attribute 'lease.key' is set by the instrumentation itself/,
+    );
+    assert.throws(
+      () => instrument(a, { attributes: { n: Number.NaN } }),
+      /attribute 'n' must be a string, a finite number or a boolean: received NaN/,
+    );
+    assert.throws(
+      () =>
+        instrument(a, { attributes: [] as unknown as Record<string, string> }),
+      /'attributes' must be an object: received an array/,
+    );
+    a.stop();
+    b.stop();
   });
 
   test("stop() flushes what was measured, then records nothing more; the manager keeps working", async () => {

@@ -2,6 +2,8 @@
 import { execFileSync } from "node:child_process";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstream, JetStreamApiError } from "@nats-io/jetstream";
+import { type KV, Kvm, type KvOptions } from "@nats-io/kv";
 import {
   type Lease,
   type LeaseManager,
@@ -56,6 +58,45 @@ export async function guardUntil<T>(
         performance.now() > end
       ) throw err;
       await sleep(pause);
+    }
+  }
+}
+
+/**
+ * Creates (or opens) a KV bucket for a test's set-up, asking again while a
+ * cluster that has just started cannot yet: one electing its meta leader
+ * drops the API requests it gets meanwhile, or says it has none (10008); one
+ * whose meta leader has not heard from every peer yet may find no room for
+ * the replicas (10005 "no suitable peers for placement", 10023
+ * "insufficient resources": a run with two clusters starting at once failed
+ * on an API error here, its code not kept); and a replicated stream is
+ * answered for once its raft group has a leader, which a failed first vote
+ * delays by 4-9 s. A repeat is safe: `Kvm.create` reads the stream first,
+ * and an add with the same config succeeds. Each attempt waits 10 s; it
+ * gives up after `budget` ms. Each repeat is logged, with its cause.
+ */
+export async function createBucket(
+  nc: NatsConnection,
+  bucket: string,
+  opts: Partial<KvOptions>,
+  budget = 60_000,
+): Promise<KV> {
+  const end = performance.now() + budget;
+  for (;;) {
+    try {
+      return await new Kvm(jetstream(nc, { timeout: 10_000 })).create(
+        bucket,
+        opts,
+      );
+    } catch (err) {
+      const again = (err instanceof Error && err.name === "TimeoutError") ||
+        (err instanceof JetStreamApiError &&
+          [10005, 10008, 10023].includes(err.code));
+      if (!again || performance.now() > end) throw err;
+      console.error(
+        `createBucket ${bucket}: ${(err as Error).message}; asking again`,
+      );
+      await sleep(250);
     }
   }
 }
