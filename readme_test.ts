@@ -82,6 +82,24 @@ function block(name: string): string {
   return found[0]!.code;
 }
 
+/**
+ * Puts the test's own values (ports, folders) in place of a block's, in one
+ * pass: a value put in is never read again, so a port that contains another
+ * block port is left alone (a CI run broke when 42229, put in for 8080, was
+ * then read as 4222). A number is replaced only where it stands whole.
+ */
+function substitute(code: string, values: Record<string, string>): string {
+  const alternatives = Object.keys(values)
+    .sort((a, b) => b.length - a.length)
+    .map((k) =>
+      /^\d+$/.test(k) ? `\\b${k}\\b` : k.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")
+    );
+  return code.replace(
+    new RegExp(alternatives.join("|"), "g"),
+    (found) => values[found]!,
+  );
+}
+
 interface Done {
   code: number;
   stdout: string;
@@ -221,6 +239,19 @@ async function olderNode(): Promise<
   return undefined;
 }
 
+test("a block's ports and folders are put in at once: a port put in is never replaced again", () => {
+  assert.equal(
+    substitute("ws 8080, nats 127.0.0.1:4222, dir ../lease-quickstart", {
+      "8080": "42229",
+      "4222": "45387",
+      "../lease-quickstart": "/tmp/x4222",
+    }),
+    "ws 42229, nats 127.0.0.1:45387, dir /tmp/x4222",
+  );
+  // Only whole numbers: 14222 is not a block's port.
+  assert.equal(substitute("14222 4222", { "4222": "1" }), "14222 1");
+});
+
 describe("the README's and docs' code blocks, run as written", () => {
   let tmp: string;
   let qs: string;
@@ -232,13 +263,18 @@ describe("the README's and docs' code blocks, run as written", () => {
   let nodeCmd = "node";
   let nodeSeen = "";
 
-  /** A block with the test's ports, folders and runtime put in. */
-  function local(code: string): string {
-    let out = code
-      .replaceAll("../lease-quickstart", qs)
-      .replaceAll(".tools/nats-data", rel(path.join(tmp, "nats-data")))
-      .replaceAll(".tools/ws.conf", path.join(tmp, "ws.conf"))
-      .replaceAll("4222", String(port));
+  /**
+   * A block with the test's ports, folders and runtime put in, and `more`
+   * (a block's own ports) in the same pass.
+   */
+  function local(code: string, more: Record<string, string> = {}): string {
+    let out = substitute(code, {
+      "../lease-quickstart": qs,
+      ".tools/nats-data": rel(path.join(tmp, "nats-data")),
+      ".tools/ws.conf": path.join(tmp, "ws.conf"),
+      "4222": String(port),
+      ...more,
+    });
     if (runtime !== "node") {
       out = out.replace(/\bnode (\w+\.js)/g, `${nodeCmd} $1`);
     }
@@ -257,11 +293,13 @@ describe("the README's and docs' code blocks, run as written", () => {
     const wsPort = await freePort();
     const wsServerPort = await freePort();
     const code = (s: string) =>
-      s.replaceAll("8080", String(wsPort))
-        .replaceAll("4222", String(wsServerPort))
-        .replaceAll("../lease-quickstart", qs)
-        .replaceAll(".tools/nats-data", rel(path.join(tmp, `${name}-data`)))
-        .replaceAll(".tools/ws.conf", path.join(tmp, `${name}-ws.conf`));
+      substitute(s, {
+        "8080": String(wsPort),
+        "4222": String(wsServerPort),
+        "../lease-quickstart": qs,
+        ".tools/nats-data": rel(path.join(tmp, `${name}-data`)),
+        ".tools/ws.conf": path.join(tmp, `${name}-ws.conf`),
+      });
     const ws = await startServerBlock(code(block("edge-server")), wsPort);
     return { code, ws };
   }
@@ -488,10 +526,9 @@ describe("the README's and docs' code blocks, run as written", () => {
       const metricsPort = await freePort();
       fs.writeFileSync(
         file,
-        local(block("otel-metrics"))
+        local(block("otel-metrics"), { "9464": String(metricsPort) })
           .replace('"@nats-lease/lease/otel"', '"./otel.ts"')
-          .replace('"@nats-lease/lease"', '"./mod.ts"')
-          .replaceAll("9464", String(metricsPort)),
+          .replace('"@nats-lease/lease"', '"./mod.ts"'),
       );
       try {
         const r = await run(
@@ -816,7 +853,7 @@ describe("the README's and docs' code blocks, run as written", () => {
           "-euo",
           "pipefail",
           "-c",
-          local(block("healthz-run")).replaceAll("8081", String(httpPort)),
+          local(block("healthz-run"), { "8081": String(httpPort) }),
         ],
         root,
         env,
@@ -922,12 +959,16 @@ describe("the README's and docs' code blocks, run as written", () => {
         "7422": await freePort(),
       };
       const code = (s: string) =>
-        s.replace(/\b(4222|4223|7422)\b/g, (p) => String(ports[p]))
-          .replaceAll("../lease-quickstart", qs)
-          .replaceAll(".tools/hub-data", rel(path.join(tmp, "hub-data")))
-          .replaceAll(".tools/leaf-data", rel(path.join(tmp, "leaf-data")))
-          .replaceAll(".tools/hub.conf", path.join(tmp, "hub.conf"))
-          .replaceAll(".tools/leaf.conf", path.join(tmp, "leaf.conf"));
+        substitute(s, {
+          "4222": String(ports["4222"]),
+          "4223": String(ports["4223"]),
+          "7422": String(ports["7422"]),
+          "../lease-quickstart": qs,
+          ".tools/hub-data": rel(path.join(tmp, "hub-data")),
+          ".tools/leaf-data": rel(path.join(tmp, "leaf-data")),
+          ".tools/hub.conf": path.join(tmp, "hub.conf"),
+          ".tools/leaf.conf": path.join(tmp, "leaf.conf"),
+        });
       const servers = await startServerBlock(
         code(block("leaf-servers")),
         ports["4223"]!,
