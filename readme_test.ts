@@ -444,15 +444,15 @@ describe("the README's and docs' code blocks, run as written", () => {
     assert.equal(pkg.peerDependenciesMeta["@opentelemetry/api"].optional, true);
     assert.ok(!("@opentelemetry/api" in pkg.dependencies));
     assert.ok(fs.existsSync(path.join(dir, "otel.d.ts")));
-    // The application's own @opentelemetry/api: the repo's, linked in.
-    const otelDir = path.join(qs, "node_modules", "@opentelemetry");
-    if (!fs.existsSync(otelDir)) {
-      fs.symlinkSync(
-        path.join(root, "node_modules", "@opentelemetry"),
-        otelDir,
-        "dir",
-      );
-    }
+    // The application's own @opentelemetry/api: a copy of the repo's. Not a
+    // link: a later npm install in this folder (the Worker quick start)
+    // prunes it as extraneous, and through a link that emptied the repo's
+    // own node_modules/@opentelemetry.
+    fs.cpSync(
+      path.join(root, "node_modules", "@opentelemetry", "api"),
+      path.join(qs, "node_modules", "@opentelemetry", "api"),
+      { recursive: true },
+    );
     const r = await run(path.join(root, "node_modules", ".bin", "node"), [
       "--input-type=module",
       "-e",
