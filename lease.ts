@@ -3799,20 +3799,18 @@ function isTimeout(err: unknown): boolean {
 /**
  * Runs a set-up request again, with a growing pause, while a JetStream
  * cluster answers that it is temporarily unavailable (10008: it has no meta
- * leader), until `deadline` (performance.now() time). That answer means the
- * request was not acted on, so asking again is safe. With `repeatable`, a
- * request that got no answer at all is asked again too: a cluster drops a
- * JetStream API request that reaches it while the meta group elects a
- * leader, and answers none later (seen on 2.15.2 right after a restart,
- * lease_lost_tail_test.ts), and a read, or a create that ends in the same
- * state however often it is made, is safe to repeat. Any other answer or
- * error is the request's own.
+ * leader) or gives no answer at all, until `deadline` (performance.now()
+ * time). A cluster drops a JetStream API request that reaches it while the
+ * meta group elects a leader, and answers none later (seen on 2.15.2 right
+ * after a restart, lease_lost_tail_test.ts, and for a bucket's creation in
+ * a landing CI run). Only for requests safe to repeat: reads, and a create
+ * that ends in the same state however often it is made. Any other answer
+ * or error is the request's own.
  */
 async function whileLeaderless<T>(
   request: () => Promise<T>,
   deadline: number,
   signal: AbortSignal | undefined,
-  repeatable = false,
 ): Promise<T> {
   for (let pause = 100;; pause = Math.min(2 * pause, 1000)) {
     try {
@@ -3820,7 +3818,7 @@ async function whileLeaderless<T>(
     } catch (err) {
       const leaderless = err instanceof JetStreamApiError &&
         err.code === 10008;
-      const again = leaderless || (repeatable && isTimeout(err));
+      const again = leaderless || isTimeout(err);
       if (!again || performance.now() + pause >= deadline) throw err;
     }
     let timer: ReturnType<typeof setTimeout> | undefined;
@@ -4981,17 +4979,16 @@ export async function createLeaseManager(
   // operation: see SETUP_TIMEOUT.
   const setupTimeout = Math.max(o.timeout, SETUP_TIMEOUT);
   const setupDeadline = performance.now() + setupTimeout;
-  const again = <T>(request: () => Promise<T>, repeatable = false) =>
-    whileLeaderless(request, setupDeadline, o.signal, repeatable);
-  const read = <T>(request: () => Promise<T>) =>
-    whileLeaderless(request, setupDeadline, o.signal, true);
-  // Reads get shorter attempts, asked again until the set-up deadline.
+  // Every set-up request is safe to repeat (see whileLeaderless).
+  const ask = <T>(request: () => Promise<T>) =>
+    whileLeaderless(request, setupDeadline, o.signal);
+  // Requests get shorter attempts, asked again until the set-up deadline.
   const attempt = Math.min(setupTimeout, Math.max(o.timeout, SETUP_ATTEMPT));
   // `$JS.<domain>.API` in place of `$JS.API` for every request below.
   const domain = o.domain === undefined ? {} : { domain: o.domain };
   let jsm: JetStreamManager;
   try {
-    jsm = await read(() =>
+    jsm = await ask(() =>
       jetstreamManager(nc, { timeout: attempt, ...domain })
     );
   } catch (err) {
@@ -5007,7 +5004,7 @@ export async function createLeaseManager(
     }
     throw err;
   }
-  const existing = await read(() => bucketStatus(jsm, o.bucket));
+  const existing = await ask(() => bucketStatus(jsm, o.bucket));
   if (existing) {
     if (existing.ttl <= 0) {
       throw new RangeError(
@@ -5052,14 +5049,11 @@ export async function createLeaseManager(
     // early. Asked for only where the server we talk to has them; whether
     // the bucket got them is checked below either way.
     const withMarkers = o.markers && markersVersion(nc.info?.version ?? "");
-    // Asked again when unanswered, like a read: `Kvm.create` reads the
-    // stream's info first and adds it only when the server says it is
-    // missing, and an add with the same config as the stream has succeeds
-    // (a concurrent creator's add included), so a repeat never makes a
-    // second bucket or changes one. A landing CI run saw an R3 cluster
-    // leave one add unanswered for the whole set-up deadline; shorter
-    // attempts give the next ones a chance.
-    const kv = await again(
+    // Safe to repeat: `Kvm.create` reads the stream's info first and adds
+    // it only when the server says it is missing, and an add with the same
+    // config as the stream has succeeds (a concurrent creator's add
+    // included), so a repeat never makes a second bucket or changes one.
+    const kv = await ask(
       () =>
         new Kvm(jetstream(nc, { timeout: attempt, ...domain })).create(
           o.bucket,
@@ -5072,10 +5066,9 @@ export async function createLeaseManager(
               : {}),
           },
         ),
-      true,
     );
     // Created now, or concurrently by another process: read what it is.
-    const status = await read(() => kv.status());
+    const status = await ask(() => kv.status());
     if (status.ttl !== o.ttl) {
       throw new RangeError(
         `Cannot create lease manager as bucket '${o.bucket}' has a TTL of ${status.ttl} ms but 'ttl' is ${o.ttl} ms`,

@@ -202,10 +202,9 @@ describe("instrument()", () => {
       await eventually(() => losses.length > 0, 5000, "the loss by pause");
       await sleep(10);
       // Read while the server is still paused. A lapsed tenure keeps its
-      // claim, so once the server answers again, the renewal timer's next
-      // CAS may take the key back under a new tenure (lease.held 1 again):
-      // a CI run under load saw it land before a read made 10 ms after the
-      // resume.
+      // claim, so once the server answers again, a renewal may land and the
+      // manager hold the key again ("lapsed", lease.held 1 again): a CI run
+      // under load saw it before a read made 10 ms after the resume.
       paused = await collect(reader);
     } finally {
       await ns.resume();
@@ -228,8 +227,8 @@ describe("instrument()", () => {
       JSON.stringify(got.get("lease.renewal.failures")),
     );
 
-    // Held again (by the renewal timer's new tenure, or by this guard),
-    // then the bucket deleted under it.
+    // Held again (by a lapsed renewal that landed, or by this guard), then
+    // the bucket deleted under it.
     await acquire(a, "k");
     got = await collect(reader);
     assert.equal(point(got, "lease.held", {})?.value, 1);
