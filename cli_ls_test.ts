@@ -341,6 +341,10 @@ describe("lease ls and lease watch --prefix", () => {
           Math.round(made)
         } ms`,
     );
+    // Not a speed target (the [figures] line above is the measurement):
+    // CI measures 215–331 ms on every runtime, start-up included, so 5 s
+    // fails only a listing that stalls, such as one that waited out
+    // listKeys' 5 s of silence instead of ending at the last pending key.
     assert.ok(wall < 5_000, `${wall} ms`);
     await kv.destroy();
   });
