@@ -31,6 +31,7 @@ import {
 import { type KeyRow, type KeysWatch, listKeys, watchKeys } from "./cli_ls.ts";
 import {
   cgroupProcs,
+  freezeCgroup,
   makeCgroup,
   removeCgroup,
   signalCgroup,
@@ -280,11 +281,14 @@ While it waits it says on stderr who holds KEY.
 If the lease is lost (the server unreachable past the TTL, an eviction),
 CMD's process group gets SIGTERM, then SIGKILL after --kill-after, and lease
 exits with the --lost-status (default ${EXIT.LOST}). SIGINT and SIGTERM sent to lease are passed on to CMD.
+While the connection to the server is down, CMD is frozen (SIGSTOP): a
+restarted server may have lost the lease's renewals. It runs on (SIGCONT) once
+the lease is proven again, and is killed (SIGKILL) if it is not.
 A watchdog process does the same if lease cannot: at once when lease is
 killed (SIGKILL), and at the lease's deadline when lease is paused (SIGSTOP)
 or frozen; a successor starts only after the TTL and the grace. CMD starts
-only once the watchdog says it is running, and is stopped if it dies (exit
-${EXIT.NO_WATCHDOG}). A process that leaves CMD's process group (setsid, a double fork)
+only once the watchdog says it is running, and is stopped if it dies or stops
+answering for a second (exit ${EXIT.NO_WATCHDOG}). A process that leaves CMD's process group (setsid, a double fork)
 is out of reach of both, unless --contain: fence its writes with LEASE_EPOCH
 (and LEASE_TENURE, see docs/safety.md).
 
@@ -875,7 +879,10 @@ async function openFailure(
 }
 
 /** Kills a process group; false when it is gone. */
-function killGroup(pid: number, signal: Sig): boolean {
+function killGroup(
+  pid: number,
+  signal: Sig | "SIGSTOP" | "SIGCONT",
+): boolean {
   try {
     process.kill(-pid, signal);
     return true;
@@ -902,11 +909,28 @@ const WATCHDOG_WORD_MS = 100;
 /** How long the watchdog may take to load and say "ready". */
 const WATCHDOG_READY_MS = 15_000;
 
+/**
+ * How long the watchdog may leave our ticks unanswered before we stop the
+ * command ourselves: a watchdog stopped by SIGSTOP (or starved) could not
+ * stop the command if `lease` were then killed. Long enough for a loaded
+ * machine's scheduling delays (its answer is one line), short enough that
+ * `lease` and its watchdog must both fail within one second of each other
+ * for the command to outlive them.
+ */
+const WATCHDOG_SILENCE_MS = 1_000;
+
 interface Watchdog {
   /** Sends a line (a deadline, "pgid N" or "done"). */
   send(line: string): void;
   /** True until the watchdog process has exited. */
   alive(): boolean;
+  /** Ends it with SIGKILL (one that stopped answering). */
+  kill(): void;
+  /**
+   * Milliseconds since the oldest tick it has not answered was sent (0 when
+   * every tick is answered).
+   */
+  silence(): number;
   /** Resolves when it exits, with how it ended. */
   exited: Promise<string>;
   /**
@@ -957,18 +981,24 @@ async function startWatchdog(
     err = (err + d).slice(-2000);
   });
   let timer: ReturnType<typeof setTimeout> | undefined;
-  let out = "";
+  let partial = "";
   let stopping = false;
+  /** When the oldest tick not yet answered with "ok" was sent. */
+  let unanswered: number | undefined;
   const onStopping = new Set<() => void>();
   try {
     await Promise.race([
       new Promise<void>((resolve) => {
         w.stdout!.setEncoding("utf8").on("data", (d: string) => {
-          out = (out + d).slice(-100);
-          if (out.includes("ready\n")) resolve();
-          if (!stopping && out.includes("stopping\n")) {
-            stopping = true;
-            for (const f of onStopping) f();
+          const lines = (partial + d).split("\n");
+          partial = lines.pop()!.slice(-100);
+          for (const line of lines) {
+            if (line === "ready") resolve();
+            else if (line === "ok") unanswered = undefined;
+            else if (line === "stopping" && !stopping) {
+              stopping = true;
+              for (const f of onStopping) f();
+            }
           }
         });
       }),
@@ -999,8 +1029,14 @@ async function startWatchdog(
   (w.stdout as unknown as { unref?: () => void }).unref?.();
   (w.stderr as unknown as { unref?: () => void }).unref?.();
   return {
-    send: (line) => void w.stdin?.write(`${line}\n`),
+    send: (line) => {
+      if (/^-?\d+$/.test(line)) unanswered ??= performance.now();
+      w.stdin?.write(`${line}\n`);
+    },
     alive: () => running,
+    kill: () => void w.kill("SIGKILL"),
+    silence: () =>
+      unanswered === undefined ? 0 : performance.now() - unanswered,
     exited,
     stopping: (ms) =>
       stopping ? Promise.resolve(true) : new Promise<boolean>((resolve) => {
@@ -1054,6 +1090,17 @@ async function run(a: Args): Promise<number> {
       return EXIT.NO_CONTAIN;
     }
   }
+  // Set while the command runs: what to do the moment nats.js reports the
+  // connection lost.
+  let onDrop: (() => void) | undefined;
+  const link = nc.status();
+  void (async () => {
+    try {
+      for await (const s of link) if (s.type === "disconnect") onDrop?.();
+    } catch {
+      // ends with the connection
+    }
+  })();
   const waiting = new AbortController();
   let forwarded: Sig | undefined;
   let child: ChildProcess | undefined;
@@ -1135,7 +1182,12 @@ async function run(a: Args): Promise<number> {
       });
       const pid = child.pid;
       let tick: ReturnType<typeof setInterval> | undefined;
-      let stopped: "lost" | "deadline" | "watchdog" | undefined;
+      let stopped:
+        | "lost"
+        | "deadline"
+        | "watchdog"
+        | "silent watchdog"
+        | undefined;
       // The last deadline seen while the lease was vouched for: a lease
       // that ends before it cannot have lost its entry to expiry.
       let vouched = lease.deadline;
@@ -1148,11 +1200,50 @@ async function run(a: Args): Promise<number> {
         groupAlive(pid!) ||
         (cgroup !== undefined && cgroupProcs(cgroup).length > 0);
       const stop = () => {
+        if (frozen) {
+          // Frozen since the connection dropped: the server it comes back
+          // to may have lost our writes and given the key to another holder
+          // at once (point 10), so the command must not run again, not even
+          // to handle a SIGTERM.
+          kill("SIGKILL");
+          return;
+        }
         kill("SIGTERM");
         setTimeout(() => {
           if (running()) kill("SIGKILL");
         }, killAfter).unref?.();
       };
+      // Point 10 of the safety argument, applied to the command: from the
+      // moment the connection drops, the lease is not vouched for until the
+      // manager proves it again, so the command is frozen (SIGSTOP, and with
+      // --contain its cgroup's freezer) and thawed only once the lease
+      // counts again; a lease that does not come back kills it frozen.
+      let frozen = false;
+      const freeze = (on: boolean, why: string) => {
+        if (frozen === on || pid === undefined) return;
+        frozen = on;
+        if (on) {
+          if (cgroup !== undefined) freezeCgroup(cgroup, true);
+          killGroup(pid, "SIGSTOP");
+        } else {
+          killGroup(pid, "SIGCONT");
+          if (cgroup !== undefined) freezeCgroup(cgroup, false);
+        }
+        say(why);
+      };
+      const suspended = () => {
+        if (lease.signal.aborted || performance.now() >= lease.deadline) {
+          return false;
+        }
+        try {
+          lease.throwIfLost();
+          return false;
+        } catch {
+          return true;
+        }
+      };
+      const frozenWhy =
+        `the connection to the server was lost: '${lease.key}' is not vouched for until the server proves it kept it, and the command is frozen (SIGSTOP) until then`;
       if (pid !== undefined) {
         // Sent in the tick the command was spawned in, before any await: a
         // lease killed from here on leaves a watchdog that knows the group.
@@ -1160,12 +1251,46 @@ async function run(a: Args): Promise<number> {
         watchdog.send(`pgid ${pid}`);
         // How long the lease is still vouched for, every tick: if we stop
         // sending (paused), the watchdog stops the command at the deadline.
+        const every = Math.min(250, leases.ttl / 10);
+        let lastTick = performance.now();
         const tell = () => {
+          const now = performance.now();
+          // A tick much later than due means we were paused: the watchdog's
+          // answers may be waiting unread behind this timer, so its silence
+          // is judged at the next tick.
+          const onTime = now - lastTick < 2 * every + 100;
+          lastTick = now;
+          if (
+            onTime && stopped === undefined &&
+            watchdog.silence() > WATCHDOG_SILENCE_MS && running()
+          ) {
+            stopped = "silent watchdog";
+            say(
+              `the watchdog has not answered for ${
+                Math.round(watchdog.silence())
+              } ms (stopped by SIGSTOP, or starved): it could not stop the command if lease were killed, so lease stops it now`,
+            );
+            stop();
+          }
           if (!lease.signal.aborted) vouched = lease.deadline;
-          watchdog.send(`${Math.floor(lease.deadline - performance.now())}`);
+          if (stopped === undefined) {
+            if (suspended()) freeze(true, frozenWhy);
+            else if (frozen && !lease.signal.aborted) {
+              freeze(
+                false,
+                `'${lease.key}' is proven again (epoch ${lease.epoch}): the command continues (SIGCONT)`,
+              );
+            }
+          }
+          watchdog.send(`${Math.floor(lease.deadline - now)}`);
         };
         tell();
-        tick = setInterval(tell, Math.min(250, leases.ttl / 10));
+        tick = setInterval(tell, every);
+        // The drop is acted on at once, not at the next tick: the manager
+        // suspends the lease when nats.js reports it, and so do we.
+        onDrop = () => {
+          if (stopped === undefined && running()) freeze(true, frozenWhy);
+        };
         // A dead watchdog can no longer stop the command if we freeze: stop
         // it now rather than run unprotected.
         void watchdog.exited.then((how) => {
@@ -1188,7 +1313,11 @@ async function run(a: Args): Promise<number> {
               performance.now() < vouched,
               leases.ttl,
             )
-          }; stopping the command`,
+          }; ${
+            frozen
+              ? "killing the command, frozen since the connection dropped (SIGKILL: it must not run again)"
+              : "stopping the command"
+          }`,
         );
         stop();
       };
@@ -1209,6 +1338,7 @@ async function run(a: Args): Promise<number> {
       }
       const own = stopped === undefined ? code : undefined;
       lease.signal.removeEventListener("abort", onLost);
+      onDrop = undefined;
       // What it started may outlive it: stop the rest of its group (and
       // of its cgroup).
       if (pid !== undefined && running()) {
@@ -1221,6 +1351,8 @@ async function run(a: Args): Promise<number> {
       }
       clearInterval(tick);
       watchdog.send("done");
+      // One that does not answer may never read it.
+      if (stopped === "silent watchdog") watchdog.kill();
       // The watchdog may have stopped the command at the deadline a moment
       // before our own abort handler ran: the lease ended either way.
       if (
@@ -1229,7 +1361,7 @@ async function run(a: Args): Promise<number> {
           (lease.signal.aborted || performance.now() >= lease.deadline))
       ) {
         code = a.lostStatus;
-      } else if (stopped === "watchdog") {
+      } else if (stopped === "watchdog" || stopped === "silent watchdog") {
         code = EXIT.NO_WATCHDOG;
       } else if (own === a.lostStatus) {
         say(

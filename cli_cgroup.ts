@@ -117,6 +117,30 @@ export function signalCgroup(
 }
 
 /**
+ * Freezes or thaws every process in a cgroup at once (cgroup v2's
+ * `cgroup.freeze`): a frozen process runs nothing until thawed, and a
+ * SIGKILL still ends it. Processes forked meanwhile are frozen too, which
+ * a SIGSTOP sent one by one cannot promise.
+ *
+ * @param dir The cgroup's directory.
+ * @param on True to freeze, false to thaw.
+ * @returns Whether the kernel took it (false where the freezer is missing).
+ *
+ * @example
+ * ```ts ignore
+ * freezeCgroup(dir, true);
+ * ```
+ */
+export function freezeCgroup(dir: string, on: boolean): boolean {
+  try {
+    fs.writeFileSync(path.join(dir, "cgroup.freeze"), on ? "1" : "0");
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
  * Removes a cgroup once it is empty, waiting up to `ms` for killed
  * processes to leave it; leaves it behind when they do not.
  *

@@ -1055,6 +1055,321 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
     },
   );
 
+  /**
+   * A command that ignores SIGTERM (so does every process it starts, which
+   * inherit the ignored signal) and stamps `w NODE EPOCH MS` into `file`
+   * every 20 ms: only a SIGKILL ends it.
+   */
+  const stubborn = (file: string, marker: string) => [
+    "sh",
+    "-c",
+    `trap '' TERM; while :; do echo w "$LEASE_NODE" "$LEASE_EPOCH" $(($(date +%s%N) / 1000000)) >> ${file}; sleep 0.02; done # ${marker}`,
+  ];
+
+  /** The pid of `lease`'s watchdog. */
+  const watchdogOf = (r: Run): number => {
+    const dogs = execFileSync("pgrep", [
+      "-P",
+      String(r.child.pid),
+      "-f",
+      "cli_watchdog",
+    ], { encoding: "utf8" }).trim().split("\n").filter(Boolean);
+    assert.equal(dogs.length, 1, `watchdogs: ${dogs.join(" ")}`);
+    return Number(dogs[0]);
+  };
+
+  /** `lease`'s exit status, or a failure naming what it said, after `ms`. */
+  const exitWithin = async (r: Run, ms: number, what: string) => {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      return await Promise.race([
+        r.exited,
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(
+            () =>
+              reject(
+                new Error(
+                  `${what}: lease still running after ${ms} ms; it said:\n${r.err()}`,
+                ),
+              ),
+            ms,
+          );
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+    }
+  };
+
+  test("kill -9 of lease under a command that ignores SIGTERM: the watchdog's SIGKILL follows --kill-after after the kill, nothing is written after it, and with --contain the cgroup is removed", async () => {
+    // Where lease makes its cgroups: beside one made here.
+    const parent = noCgroup ? "" : (() => {
+      const probe = makeCgroup(uniq("lease-probe"));
+      void removeCgroup(probe);
+      return path.dirname(probe);
+    })();
+    for (const contain of noCgroup ? [false] : [false, true]) {
+      const key = uniq("k9t");
+      const marker = `k9t-${key}`;
+      const file = path.join(tmp, key);
+      const a = start([
+        ...common(key, "a"),
+        ...(contain ? ["--contain"] : []),
+        "--",
+        ...stubborn(file, marker),
+      ]);
+      const cgroups = () =>
+        contain
+          ? fs.readdirSync(parent).filter((n) =>
+            n.startsWith(`lease-${a.child.pid}-`)
+          )
+          : [];
+      try {
+        await until(() => stamps(file).length >= 3, 10_000, "a's command");
+        assert.equal(cgroups().length, contain ? 1 : 0, "a's cgroup");
+        const killedAt = Date.now();
+        a.child.kill("SIGKILL");
+        await a.exited;
+        await until(
+          () => alive(marker) === 0,
+          KILL_AFTER + 3_000,
+          "the watchdog to kill a's command",
+        );
+        const goneAfter = Date.now() - killedAt;
+        const lastWrite = Math.max(...stamps(file).map((x) => x.ms)) -
+          killedAt;
+        console.log(
+          `  [figures] lease run after kill -9, command ignoring SIGTERM${
+            contain ? ", --contain" : ""
+          }: gone after ${goneAfter} ms, last write ${lastWrite} ms after the kill (--kill-after ${KILL_AFTER}, TTL ${TTL})`,
+        );
+        // The watchdog acts when its pipe from lease closes: SIGTERM at
+        // once (ignored here), SIGKILL --kill-after later. The 400 ms are
+        // for pgrep's polling and a loaded machine. Its other timer, the
+        // lease's deadline, would fire 2/3 TTL to one TTL after the kill,
+        // and then wait --kill-after too (at least 867 ms here): too late
+        // for this bound, as is a watchdog that never sends SIGKILL.
+        assert.ok(goneAfter < KILL_AFTER + 400, `gone after ${goneAfter} ms`);
+        assert.ok(lastWrite < KILL_AFTER + 400, `wrote ${lastWrite} ms after`);
+        await until(
+          () => cgroups().length === 0,
+          2_000,
+          "the watchdog to remove the cgroup",
+        );
+      } finally {
+        try {
+          execFileSync("pkill", ["-KILL", "-f", marker]);
+        } catch {
+          // gone, as it should be
+        }
+      }
+    }
+  });
+
+  test("a watchdog stopped by SIGSTOP: lease notices its silence within a second, kills the command that ignores SIGTERM, ends the watchdog and exits 70", async () => {
+    const key = uniq("wds");
+    const marker = `wds-${key}`;
+    const file = path.join(tmp, key);
+    const a = start([...common(key, "a"), "--", ...stubborn(file, marker)]);
+    let dog: number | undefined;
+    try {
+      await until(() => stamps(file).length >= 3, 10_000, "a's command");
+      dog = watchdogOf(a);
+      const stoppedAt = Date.now();
+      process.kill(dog, "SIGSTOP");
+      // 1 s of silence, a tick (100 ms at this TTL), --kill-after, and 1 s
+      // for a loaded machine; a lease that ignores the silence runs on.
+      const code = await exitWithin(
+        a,
+        1_000 + 100 + KILL_AFTER + 1_000,
+        "a stopped watchdog",
+      );
+      const took = a.at() - stoppedAt;
+      const lastWrite = Math.max(...stamps(file).map((x) => x.ms)) -
+        stoppedAt;
+      console.log(
+        `  [figures] watchdog stopped: lease exited ${took} ms later, the command's last write ${lastWrite} ms after the stop`,
+      );
+      assert.equal(code, 70, a.err());
+      assert.match(
+        a.err(),
+        /the watchdog has not answered for \d+ ms \(stopped by SIGSTOP, or starved\)/,
+      );
+      assert.ok(took >= 1_000, `acted after ${took} ms: before the silence`);
+      assert.equal(alive(marker, a.child.pid), 0, "the command is gone");
+      await until(
+        () => {
+          try {
+            return /^\d+ \(.*\) Z/.test(
+              fs.readFileSync(`/proc/${dog}/stat`, "utf8"),
+            );
+          } catch {
+            return true; // gone
+          }
+        },
+        2_000,
+        "lease to end its stopped watchdog",
+      );
+    } finally {
+      if (dog !== undefined) {
+        try {
+          process.kill(dog, "SIGKILL");
+        } catch {
+          // ended by lease, as it should be
+        }
+      }
+      try {
+        execFileSync("pkill", ["-KILL", "-f", marker]);
+      } catch {
+        // gone
+      }
+    }
+  });
+
+  test("a blip back to the same server freezes the command (SIGSTOP) while the lease is suspended and thaws it once it counts again: it runs on and lease exits 0", async () => {
+    const { NatsProxy } = await import("./test_util/proxy.ts");
+    const proxy = await NatsProxy.start(ns.port);
+    const key = uniq("blip");
+    const marker = `blip-${key}`;
+    const file = path.join(tmp, key);
+    const done = path.join(tmp, `${key}-done`);
+    const a = start([
+      "run",
+      key,
+      "--servers",
+      proxy.url,
+      "--bucket",
+      "cli6",
+      "--ttl",
+      "6000",
+      "--node",
+      "a",
+      "--",
+      "sh",
+      "-c",
+      `while [ ! -e ${done} ]; do echo w "$LEASE_NODE" "$LEASE_EPOCH" $(($(date +%s%N) / 1000000)) >> ${file}; sleep 0.02; done # ${marker}`,
+    ]);
+    try {
+      await until(() => stamps(file).length >= 3, 10_000, "a's command");
+      // The way back is held: the connection stays down while held.
+      proxy.hold("up");
+      const droppedAt = Date.now();
+      proxy.dropConnections();
+      await sleep(800);
+      const releasedAt = Date.now();
+      proxy.release("up");
+      await until(
+        () => stamps(file).some((x) => x.ms > releasedAt),
+        3_000,
+        "a's command to write again",
+      );
+      fs.writeFileSync(done, "");
+      assert.equal(await exitWithin(a, 5_000, "the blip"), 0, a.err());
+      const during = stamps(file).filter((x) =>
+        x.ms > droppedAt + 100 && x.ms < releasedAt
+      );
+      console.log(
+        `  [figures] blip: ${during.length} writes while the connection was down (800 ms)`,
+      );
+      // Frozen at the drop (the 100 ms are for the signal on a loaded
+      // machine): a command that ran on would write about 30 times here.
+      assert.deepEqual(during.map((x) => x.ms - droppedAt), []);
+      assert.match(a.err(), /the command is frozen \(SIGSTOP\)/);
+      assert.match(
+        a.err(),
+        /is proven again \(epoch \d+\): the command continues/,
+      );
+    } finally {
+      proxy.release("both");
+      await proxy.close();
+      try {
+        execFileSync("pkill", ["-KILL", "-f", marker]);
+      } catch {
+        // gone
+      }
+    }
+  });
+
+  test("lease run across a server restart that lost acknowledged writes: the command, ignoring SIGTERM, is frozen at the drop and killed without running again, lease exits 75 saying the server lost writes, and a successor that takes the key at once never writes beside it", async () => {
+    await using own = await NatsServer.start();
+    const key = uniq("tail");
+    const marker = `tail-${key}`;
+    const file = path.join(tmp, key);
+    const args = (node: string) => [
+      "run",
+      key,
+      "--servers",
+      own.url,
+      "--bucket",
+      "tail",
+      "--ttl",
+      "8000",
+      "--node",
+      node,
+    ];
+    // The bucket exists in the copy; the key has no entry there.
+    const first = start([...args("z"), "--", "true"]);
+    assert.equal(await first.exited, 0, first.err());
+    const copy = path.join(tmp, `${key}-store`);
+    await own.pause();
+    try {
+      fs.cpSync(own.storeDir, copy, { recursive: true });
+    } finally {
+      await own.resume();
+    }
+    const a = start([...args("a"), "--", ...stubborn(file, marker)]);
+    try {
+      await until(() => stamps(file).length >= 5, 10_000, "a's command");
+      const killedAt = Date.now();
+      await own.kill();
+      fs.rmSync(own.storeDir, { recursive: true, force: true });
+      fs.cpSync(copy, own.storeDir, { recursive: true });
+      await own.restart();
+      const restartedAt = Date.now();
+      const b = start([
+        ...args("b"),
+        "--",
+        ...stamped(file, "sleep 0.5"),
+      ]);
+      assert.equal(await exitWithin(b, 20_000, "the successor"), 0, b.err());
+      const code = await exitWithin(a, 10_000, "the lost tail");
+      const s = stamps(file);
+      const bFirst = s.find((x) => x.node === "b")!;
+      const aWrites = s.filter((x) => x.node === "a");
+      const aLast = Math.max(...aWrites.map((x) => x.ms));
+      console.log(
+        `  [figures] lease run, lost tail: server down ${
+          restartedAt - killedAt
+        } ms; a's last write ${aLast - killedAt} ms after the kill; b's first ${
+          bFirst.ms - killedAt
+        } ms after; epochs ${aWrites[0]!.epoch} then ${bFirst.epoch}`,
+      );
+      // Frozen at the drop: nothing after the server came back, let alone
+      // after the successor's first write. A command that ran on until the
+      // lease was checked again after the reconnect would write past both.
+      assert.ok(
+        aLast < restartedAt,
+        `a wrote ${aLast - restartedAt} ms after the restart`,
+      );
+      assert.ok(
+        aLast < bFirst.ms,
+        `a wrote ${aLast - bFirst.ms} ms after b's first write`,
+      );
+      assert.equal(code, 75, a.err());
+      assert.match(
+        a.err(),
+        /lost '[^']+': .*the server lost writes it had acknowledged.*; killing the command, frozen since the connection dropped/,
+      );
+      assert.equal(alive(marker, a.child.pid), 0, "a's command is gone");
+    } finally {
+      try {
+        execFileSync("pkill", ["-KILL", "-f", marker]);
+      } catch {
+        // gone
+      }
+    }
+  });
+
   test("lease watch prints the holder, then each change, until interrupted", async () => {
     const key = uniq("w");
     const w = start(["watch", key, "--servers", ns.url, "--bucket", "cli"]);

@@ -13,7 +13,14 @@
  * `killAfter` ms) when that time is up without a newer line (`lease` paused
  * by SIGSTOP, or frozen), or at once when our stdin closes without "done"
  * (`lease` killed by SIGKILL). "done" means `lease` stopped the command
- * itself: we exit. `lease` in turn watches that we stay alive.
+ * itself: we exit.
+ *
+ * `lease` in turn watches that we stay alive and awake: we answer every tick
+ * with "ok", and a watchdog that stops answering (exited, or stopped by
+ * SIGSTOP) makes `lease` stop the command itself. Once `lease` is gone our
+ * stdout is a broken pipe: a failed write must never keep us from the
+ * SIGKILL that a command ignoring SIGTERM needs, so every write is allowed
+ * to fail, and the SIGKILL is armed before anything is written.
  *
  * Usage (started by cli.ts): `<runtime> cli_watchdog.ts KILL_AFTER_MS`
  *
@@ -57,6 +64,17 @@ function kill(signal: "SIGTERM" | "SIGKILL"): void {
   }
 }
 
+// Writes to a pipe whose reader is gone fail (EPIPE), synchronously or as
+// an error event depending on the runtime: neither may end us.
+process.stdout.on("error", () => {});
+function tell(line: string): void {
+  try {
+    process.stdout.write(`${line}\n`);
+  } catch {
+    // `lease` is gone: nobody to tell
+  }
+}
+
 /** Exits, after removing the command's (empty) cgroup: `lease` is gone. */
 async function end(): Promise<never> {
   if (cgroup !== undefined) await removeCgroup(cgroup);
@@ -75,10 +93,7 @@ function stop(): void {
     void end(); // already gone
     return;
   }
-  // Said before the signal, so that `lease` can tell our stop from the
-  // command's own exit even if our timer ran a hair before its own.
-  process.stdout.write("stopping\n");
-  kill("SIGTERM");
+  // The SIGKILL is armed first: what follows must not be able to prevent it.
   const killAt = performance.now() + killAfter;
   const poll = setInterval(() => {
     if (alive() && performance.now() < killAt) return;
@@ -86,6 +101,10 @@ function stop(): void {
     if (alive()) kill("SIGKILL");
     void end();
   }, 20);
+  // Said before the signal, so that `lease` can tell our stop from the
+  // command's own exit even if our timer ran a hair before its own.
+  tell("stopping");
+  kill("SIGTERM");
 }
 
 const lines = createInterface({ input: process.stdin });
@@ -105,6 +124,7 @@ lines.on("line", (line) => {
   if (stopping || !Number.isFinite(ms)) return;
   clearTimeout(deadline);
   deadline = setTimeout(stop, Math.max(0, ms));
+  tell("ok");
 });
 lines.on("close", stop);
-process.stdout.write("ready\n");
+tell("ready");
