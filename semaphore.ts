@@ -4,7 +4,8 @@
  *
  * ## Why a free function
  * {@linkcode semaphore} takes a {@linkcode LeaseManager} and uses only its
- * public interface (`guard`, `held`, `holders`, `watch`, `release`), so the
+ * public interface (`guard`, `held`, `holders`, `watch`, `campaign`,
+ * `release`), so the
  * lease protocol, its safety argument and its simulator cover every slot as
  * they cover any key, and `lease.ts` does not grow for a recipe: the one
  * method added to the interface for it, {@linkcode LeaseManager.holders},
@@ -51,6 +52,24 @@
  * ticket and the turnstile free goes to the turnstile at once and can pass
  * a waiter only in the instant between its census and the first waiter's
  * compare-and-set. A crashed waiter's ticket expires after one TTL.
+ *
+ * ## One manager, one local lock
+ * A manager holds one lease per key, and a guard on a key it holds joins
+ * that tenure: within a process the turnstile alone cannot keep two of the
+ * manager's contenders apart. They take a local lock first, one per manager
+ * and name, found by the manager behind the object given to
+ * {@linkcode semaphore}, so a semaphore made over a wrapper that forwards the
+ * manager's events (`instrument()` of `otel.ts`) shares it with one made
+ * over the manager.
+ *
+ * ## Held across time: `idleRelease`
+ * A manager made with `idleRelease` gives up keys no guard used for that
+ * long, but never a key a campaign leads. A slot held by
+ * {@linkcode Semaphore.acquire}, and the turnstile while its holder waits
+ * for a slot, are used by no guard while held, so each is pinned by a
+ * campaign on its key, which wins at once with the tenure already held and
+ * is never iterated further (it cannot win another tenure). The pin's end
+ * releases the key. Each pin watches its key: one consumer while it holds.
  *
  * @example Three report builders at most
  * ```ts ignore
@@ -138,7 +157,8 @@ export interface SlotLease extends Lease {
 
 /**
  * A slot held by {@linkcode Semaphore.acquire}, until `release()` or
- * `await using` lets it go. It is renewed in the background meanwhile; watch
+ * `await using` lets it go. It is renewed in the background meanwhile,
+ * whatever the manager's `idleRelease` (the slot is pinned against it); watch
  * `signal`, call `throwIfLost()` before each commit, and fence with `epoch`.
  */
 export interface HeldSlot extends SlotLease, AsyncDisposable {
@@ -159,7 +179,9 @@ export interface HeldSlot extends SlotLease, AsyncDisposable {
  * one holder per tenure, the successor after the deadline and the grace),
  * and its count of held slots, read from the stream leader after it took
  * the turnstile, includes this slot. Within a process, takers are also
- * serialised locally (the turnstile is held per node).
+ * serialised locally, by one lock per manager whichever object (the manager
+ * or a wrapper such as `instrument()`) they reach it through: the manager's
+ * guards would let two of its contenders share the turnstile's tenure.
  *
  * @example Hold a slot for longer work
  * ```ts ignore
@@ -202,7 +224,8 @@ export interface Semaphore {
   ): Promise<T>;
   /**
    * Waits in line for a free slot and returns it held, for longer work;
-   * release it with `release()` or `await using`.
+   * release it with `release()` or `await using`. Held until then, renewed
+   * in the background, also on a manager made with `idleRelease`.
    *
    * @param options A signal to give up waiting.
    * @returns The held slot.
@@ -459,14 +482,103 @@ class LocalLock {
   }
 }
 
-const locks = new WeakMap<LeaseManager, Map<string, LocalLock>>();
+/**
+ * The local locks, by the manager behind the object a semaphore was made
+ * with, then by name. One manager holds one lease per key, whichever object
+ * its guards come through: a guard on the turnstile (or a slot) that this
+ * manager already holds joins that tenure instead of being refused. So the
+ * turnstile is exclusive within a process only if every contender that
+ * reaches the manager, through any object, takes the same local lock first.
+ */
+const locks = new WeakMap<object, Map<string, LocalLock>>();
+
+/** An event type nobody listens for, sent once per {@linkcode semaphore} call. */
+const IDENTITY_PROBE = "nats-lease:semaphore-identity";
+
+/**
+ * The manager that stands behind `leases`. A wrapper that forwards the
+ * manager's calls (as `instrument()` in otel.ts does) forwards its events
+ * too, so a probe event dispatched through the wrapper reaches its
+ * listener with the wrapped manager as `target`. An object that does not
+ * forward events is taken for a manager of its own.
+ */
+function managerBehind(leases: LeaseManager): object {
+  let target: object | undefined;
+  const listener = (event: Event) => {
+    if (typeof event.target === "object" && event.target !== null) {
+      target = event.target;
+    }
+  };
+  try {
+    leases.addEventListener(IDENTITY_PROBE, listener);
+    try {
+      leases.dispatchEvent(new Event(IDENTITY_PROBE));
+    } finally {
+      leases.removeEventListener(IDENTITY_PROBE, listener);
+    }
+  } catch {
+    // Not an event target after all: the object is its own manager.
+  }
+  return target ?? leases;
+}
 
 function localLock(leases: LeaseManager, name: string): LocalLock {
-  let byName = locks.get(leases);
-  if (!byName) locks.set(leases, byName = new Map());
+  const manager = managerBehind(leases);
+  let byName = locks.get(manager);
+  if (!byName) locks.set(manager, byName = new Map());
   let lock = byName.get(name);
   if (!lock) byName.set(name, lock = new LocalLock(leases.node));
   return lock;
+}
+
+/**
+ * Keeps `lease`'s key out of the manager's `idleRelease` until the returned
+ * function is called; that function ends the pin and releases the key.
+ *
+ * `idleRelease` gives up a key no guard used for a while, but never one a
+ * campaign leads (see {@linkcode LeaseManager.campaign}). A campaign on a
+ * key this manager holds wins at once, with the tenure already held: its
+ * first iteration is a guard on the key, which joins that tenure. So a
+ * campaign that is never iterated past its first lease pins the tenure,
+ * and cannot win another: it would only campaign again when iterated.
+ *
+ * If the tenure ended before the campaign's guard ran, the campaign may
+ * have won a new one, outside the turnstile: that tenure, which nothing
+ * else knows of, is let go at once. The pin then does nothing, and the
+ * holder learns of the loss from `lease.signal`, as without a pin.
+ */
+async function pin(
+  leases: LeaseManager,
+  lease: Lease,
+): Promise<() => Promise<void>> {
+  const none = () => Promise.resolve();
+  if (lease.signal.aborted) return none;
+  const ctl = new AbortController();
+  const signal = AbortSignal.any([ctl.signal, lease.signal]);
+  let it: AsyncIterator<Lease>;
+  let first: IteratorResult<Lease>;
+  try {
+    it = leases.campaign(lease.key, { signal })[Symbol.asyncIterator]();
+    first = await it.next();
+  } catch {
+    // The manager is closed or its bucket gone: nothing to pin, and the
+    // tenure ends (or ended) with it.
+    return none;
+  }
+  if (first.done) return none;
+  if (first.value.tenure !== lease.tenure) {
+    ctl.abort();
+    await it.return?.();
+    return none;
+  }
+  let ended: Promise<void> | undefined;
+  return () =>
+    ended ??= (async () => {
+      ctl.abort();
+      // Resumed at its `yield`, the campaign stops leading and releases
+      // the key (unless the manager is closing: close() releases it).
+      await it.return?.();
+    })().catch(() => {});
 }
 
 class SlotLeaseImpl implements SlotLease {
@@ -502,14 +614,25 @@ class SlotLeaseImpl implements SlotLease {
 
 class HeldSlotImpl extends SlotLeaseImpl implements HeldSlot {
   readonly #leases: LeaseManager;
+  readonly #unpin: () => Promise<void>;
   #released: Promise<void> | undefined;
 
-  constructor(leases: LeaseManager, lease: Lease, slot: number) {
+  constructor(
+    leases: LeaseManager,
+    lease: Lease,
+    slot: number,
+    unpin: () => Promise<void>,
+  ) {
     super(lease, slot);
     this.#leases = leases;
+    this.#unpin = unpin;
   }
   release(): Promise<void> {
-    return this.#released ??= this.#leases.release(this.key);
+    // The pin's end releases the key; release() again in case there was
+    // no pin (a tenure that ended before it).
+    return this.#released ??= this.#unpin().then(() =>
+      this.#leases.release(this.key)
+    );
   }
   [Symbol.asyncDispose](): Promise<void> {
     return this.release();
@@ -520,6 +643,12 @@ class HeldSlotImpl extends SlotLeaseImpl implements HeldSlot {
 interface Turn {
   /** The turnstile's lease, checked once the slot's CAS has succeeded. */
   readonly lease: Lease;
+  /**
+   * Keeps the turnstile out of `idleRelease` until `leave()`: called before
+   * each wait while holding it, which uses the key no more than holding a
+   * slot does. Idempotent.
+   */
+  pin(): Promise<void>;
   /** Releases the turnstile and the local lock; idempotent. */
   leave(): Promise<void>;
 }
@@ -660,10 +789,15 @@ class SemaphoreImpl implements Semaphore {
   }
 
   async #acquire(signal: AbortSignal | undefined): Promise<HeldSlot> {
+    const leases = this.#leases;
     const { value, turn } = await this.#take(
       true,
       signal,
-      (lease, slot) => new HeldSlotImpl(this.#leases, lease, slot),
+      // Pinned inside the acquiring guard: its write is in flight until the
+      // pin holds, and `idleRelease` leaves a key with a write in flight
+      // alone, so there is no instant in which the slot could go idle.
+      async (lease, slot) =>
+        new HeldSlotImpl(leases, lease, slot, await pin(leases, lease)),
       {}, // the wait's signal must not end the slot once handed out
     );
     await turn.leave();
@@ -717,6 +851,7 @@ class SemaphoreImpl implements Semaphore {
         }
         if (free < 0) {
           if (!wait) throw this.#full(c, false);
+          await turn.pin();
           const key = await this.#waitForChange(c, signal);
           const mine = key === undefined ? -1 : this.#slotIndex(key);
           if (mine >= 0) freed = mine;
@@ -766,6 +901,7 @@ class SemaphoreImpl implements Semaphore {
           throw err;
         }
         if (err.retryAfter === undefined) return undefined;
+        await turn.pin();
         await sleep(err.retryAfter, signal).catch(async (reason) => {
           await this.#leases.release(key);
           throw reason;
@@ -844,13 +980,18 @@ class SemaphoreImpl implements Semaphore {
       if (ticket !== undefined) this.#dropTicket(ticket);
     }
     const held = lease;
+    let pinned: Promise<() => Promise<void>> | undefined;
     let left: Promise<void> | undefined;
     return {
       lease: held,
+      pin: async () => {
+        await (pinned ??= pin(leases, held));
+      },
       leave: () =>
-        left ??= leases.release(this.#turnstile).catch(() => {}).finally(
-          () => this.#lock.unlock(),
-        ),
+        left ??= (async () => {
+          if (pinned) await (await pinned)();
+          await leases.release(this.#turnstile);
+        })().catch(() => {}).finally(() => this.#lock.unlock()),
     };
   }
 
@@ -976,7 +1117,9 @@ function checkOptions(
  *
  * A free function rather than a method of {@linkcode LeaseManager}: it is
  * written against the manager's public interface only, so it works with
- * any manager and adds nothing to the lease protocol.
+ * any manager and adds nothing to the lease protocol. Semaphores of one
+ * name made over a manager and over a wrapper that forwards its events
+ * (`instrument(leases)`) are one manager's: they share its local lock.
  *
  * @param leases The lease manager whose bucket holds the slots.
  * @param name The semaphore's name, a valid key; its keys are below it.

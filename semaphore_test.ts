@@ -2,7 +2,9 @@
 // `limit` writes at once under contention, a full semaphore's refusal, limit
 // agreement and a deliberate change, abort and close while waiting (no
 // consumer left), release and `await using`, a SIGKILLed holder's slot taken
-// after the TTL and the grace, and first-come-first-served waiting.
+// after the TTL and the grace, first-come-first-served waiting, a manager and
+// instrument() of it as one manager, and slots and the turnstile held past a
+// manager's idleRelease.
 // Runs under `deno test -A`, `bun test` and `node --test`.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -14,6 +16,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import {
   createLeaseManager,
   type LeaseManager,
+  type LeaseManagerOptions,
   LimitMismatchError,
   MAX_SEMAPHORE_LIMIT,
   NotHolderError,
@@ -21,12 +24,21 @@ import {
   SemaphoreFullError,
   type SlotLease,
 } from "./mod.ts";
+import { instrument } from "./otel.ts";
 import { conn, eventually, sleep, uniq } from "./test_util/lease_helpers.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 
 const TTL = 1000;
 /** Server expiry is 80-250 ms late; waiters' fallback reads allow 600 more. */
 const FAILOVER_BOUND = 850;
+/**
+ * A handover by release: the holder deletes its entry, the waiter's watch
+ * hears it and takes the slot, a few round trips. Anything that waits for an
+ * entry to expire instead takes at least the TTL.
+ */
+const HANDOVER_BOUND = TTL / 2;
+/** An idleRelease far below the TTL: it acts at the next renewal, TTL/3 on. */
+const IDLE = 300;
 
 /** Prints measured figures: numbers are milliseconds, strings counts. */
 function report(what: string, figures: Record<string, number | string>) {
@@ -40,6 +52,12 @@ async function consumers(jsm: JetStreamManager, bucket: string) {
   return (await jsm.consumers.list(`KV_${bucket}`).next()).length;
 }
 
+/**
+ * The consumers a slot held by acquire() keeps: its pin against
+ * `idleRelease` is a campaign, which watches its key.
+ */
+const PINNED_SLOT_CONSUMERS = 1;
+
 describe("semaphore", () => {
   let ns: NatsServer;
   let nc: NatsConnection;
@@ -47,7 +65,11 @@ describe("semaphore", () => {
   const conns: NatsConnection[] = [];
   const managers: LeaseManager[] = [];
 
-  async function manager(node: string, bucket: string): Promise<LeaseManager> {
+  async function manager(
+    node: string,
+    bucket: string,
+    extra: Partial<LeaseManagerOptions> = {},
+  ): Promise<LeaseManager> {
     const c = await conn(ns.url);
     conns.push(c);
     const m = await createLeaseManager({
@@ -56,6 +78,7 @@ describe("semaphore", () => {
       bucket,
       ttl: TTL,
       restartGrace: false,
+      ...extra,
     });
     managers.push(m);
     return m;
@@ -332,7 +355,7 @@ describe("semaphore", () => {
       2000,
       "c's ticket",
     );
-    assert.ok(await consumers(jsm, bucket) >= 1);
+    assert.ok(await consumers(jsm, bucket) >= PINNED_SLOT_CONSUMERS + 1);
     const r1 = new Error("stop b");
     const r2 = new Error("stop c");
     const rejected = Promise.all([
@@ -348,7 +371,7 @@ describe("semaphore", () => {
       "only the held slot to be left",
     );
     await eventually(
-      async () => await consumers(jsm, bucket) === 0,
+      async () => await consumers(jsm, bucket) === PINNED_SLOT_CONSUMERS,
       2000,
       "the waiters' watches to stop",
     );
@@ -373,12 +396,17 @@ describe("semaphore", () => {
     await r1;
     await r2;
     await eventually(
-      async () => await consumers(jsm, bucket) === 0,
+      async () => await consumers(jsm, bucket) === PINNED_SLOT_CONSUMERS,
       2000,
-      "no consumer",
+      "no consumer but the held slot's",
     );
     assert.deepEqual([...(await a.holders("y")).keys()], [held.key]);
     await held.release();
+    await eventually(
+      async () => await consumers(jsm, bucket) === 0,
+      2000,
+      "no consumer once the slot is released",
+    );
   });
 
   test("a SIGKILLed holder's slot is taken by a waiter after the TTL and the grace, not before", async () => {
@@ -491,5 +519,109 @@ describe("semaphore", () => {
     // Each waiter is passed by at most the writer, the turnstile's holder
     // and the waiters ahead of it.
     passed.forEach((p, n) => assert.ok(p <= n + 3, `w${n}: ${p}`));
+  });
+
+  test("a manager and instrument() of it count as one manager: their contenders mixed never exceed the limit and never deadlock", async () => {
+    const bucket = uniq("s");
+    const a = await manager("a", bucket);
+    const b = await manager("b", bucket);
+    const measured = instrument(a);
+    let now = 0;
+    let peak = 0;
+    let writes = 0;
+    let lastEnd = 0;
+    let gap = 0;
+    const start = async (l: SlotLease) => {
+      peak = Math.max(peak, ++now);
+      writes++;
+      if (lastEnd > 0) gap = Math.max(gap, performance.now() - lastEnd);
+      await sleep(20);
+      l.throwIfLost();
+      now--;
+      lastEnd = performance.now();
+    };
+    // A stalled semaphore holds its slot for good: fail on that, not on the
+    // test runner's timeout.
+    const stalled = AbortSignal.timeout(15_000);
+    const t0 = performance.now();
+    // Through a, through instrument(a), and from another process (b), by
+    // guard and by acquire, three rounds each.
+    await Promise.all([a, measured, b, measured, a].map(async (m, i) => {
+      const sem = semaphore(m, "mix", { limit: 1 });
+      for (let round = 0; round < 3; round++) {
+        if (i % 2 === 0) {
+          await sem.guard(start, { wait: true, signal: stalled });
+        } else {
+          const slot = await sem.acquire({ signal: stalled });
+          await start(slot);
+          await slot.release();
+        }
+      }
+    }));
+    report("15 writes of 20 ms via a, instrument(a) and b, limit 1", {
+      writes: String(writes),
+      peak: String(peak),
+      longestHandover: gap,
+      total: performance.now() - t0,
+    });
+    assert.equal(writes, 15);
+    assert.equal(peak, 1);
+    // Every handover was a release, heard at once: no slot or turnstile
+    // was left to expire by a contender that lost track of it.
+    assert.ok(gap < HANDOVER_BOUND, `${gap} ms`);
+    assert.equal((await a.holders("mix")).size, 0);
+  });
+
+  test("acquire() keeps its slot held past the manager's idleRelease, renewed, and no other node takes it until release()", async () => {
+    const bucket = uniq("s");
+    const a = await manager("a", bucket, { idleRelease: IDLE });
+    const b = await manager("b", bucket);
+    const slot = await semaphore(a, "idle", { limit: 1 }).acquire();
+    let taken = 0;
+    const waiting = semaphore(b, "idle", { limit: 1 }).guard(() => {
+      taken = performance.now();
+    }, { wait: true });
+    // Unused for IDLE, the key would be released at the next renewal (by
+    // IDLE + TTL/3); two TTLs also outlast an entry nobody renews.
+    await sleep(2 * TTL);
+    assert.equal(taken, 0, "b took the slot while a held it");
+    assert.equal(slot.signal.aborted, false);
+    slot.throwIfLost();
+    assert.deepEqual(await b.holder(slot.key), {
+      node: "a",
+      epoch: slot.epoch,
+    });
+    assert.ok(slot.deadline > performance.now(), "renewed");
+    const released = performance.now();
+    await slot.release();
+    await waiting;
+    report("acquire() held past idleRelease, then handed over", {
+      handover: taken - released,
+    });
+    assert.ok(taken - released < HANDOVER_BOUND, `${taken - released} ms`);
+  });
+
+  test("a guard waiting at the turnstile on a manager with idleRelease keeps its place past idleRelease and writes when the slot is freed", async () => {
+    const bucket = uniq("s");
+    const a = await manager("a", bucket);
+    const b = await manager("b", bucket, { idleRelease: IDLE });
+    const held = await semaphore(a, "wait", { limit: 1 }).acquire();
+    let taken = 0;
+    const waiting = semaphore(b, "wait", { limit: 1 }).guard(() => {
+      taken = performance.now();
+    }, { wait: true });
+    await eventually(
+      async () => (await a.holder("wait.next"))?.node === "b",
+      2000,
+      "b at the turnstile",
+    );
+    // Waiting for a slot is no use of the turnstile's key: unpinned, it
+    // is released by IDLE + TTL/3, and b's wait fails when the slot frees.
+    await sleep(2 * TTL);
+    assert.equal((await a.holder("wait.next"))?.node, "b");
+    const released = performance.now();
+    await held.release();
+    await waiting;
+    assert.ok(taken - released < HANDOVER_BOUND, `${taken - released} ms`);
   });
 });
