@@ -714,7 +714,7 @@ describe("the lease command", () => {
     }
   });
 
-  test("lease release --node wins against a holder whose revision moves on every round trip (it reads again and deletes the new revision), never evicts another node, and exits 69 with a message, not a stack trace, if it cannot", async () => {
+  test("lease release --node wins against a holder whose revision moves on every round trip (it reads again and deletes the new revision), with no stack trace", async () => {
     const key = uniq("race");
     const nc = await connect({ servers: ns.url });
     const ac = new AbortController();
@@ -751,17 +751,15 @@ describe("the lease command", () => {
         `  [figures] lease release against a hammering holder: exit ${code}: ${ev.err().trim()}`,
       );
       assert.doesNotMatch(ev.err(), /\n\s+at /, "no stack trace");
-      if (code === 69) {
-        // Allowed only as the documented answer, with nothing evicted.
-        assert.match(ev.err(), /changed under each of \d+ attempts/);
-        assert.equal(lost, undefined);
-      } else {
-        assert.equal(code, 0, ev.err());
-        assert.match(ev.err(), /evicted a from/);
-        // The holder learns of it at its next compare-and-set.
-        await until(() => lost !== undefined, 5_000, "the holder to lose");
-        assert.ok(lost instanceof NotHolderError, String(lost));
-      }
+      // It must win: reading again after each refusal, it deleted within
+      // 2-13 attempts (under half a second) in the runs measured, one
+      // process hammering over loopback, and it has 5 s. A release that
+      // gave up (69) or never read again would fail here.
+      assert.equal(code, 0, ev.err());
+      assert.match(ev.err(), /evicted a from/);
+      // The holder learns of it at its next compare-and-set.
+      await until(() => lost !== undefined, 5_000, "the holder to lose");
+      assert.ok(lost instanceof NotHolderError, String(lost));
     } finally {
       stop = true;
       await hammer;
@@ -828,6 +826,27 @@ describe("the lease command", () => {
     const h = lease(["holder", key, "--servers", own.url]);
     assert.equal(await h.exited, 0, h.err());
     assert.match(h.out(), /: none/);
+  });
+
+  test("SIGINT to lease is passed on to the command as SIGINT, and SIGTERM as SIGTERM; lease exits with the command's status", async () => {
+    for (const sig of ["SIGINT", "SIGTERM"] as const) {
+      const key = uniq("fw");
+      const file = path.join(tmp, key);
+      const a = start([
+        ...common(key, "a"),
+        "--",
+        "sh",
+        "-c",
+        `trap 'echo INT >> ${file}; exit 3' INT; trap 'echo TERM >> ${file}; exit 4' TERM; echo started >> ${file}; while :; do sleep 0.05; done`,
+      ]);
+      await until(() => fs.existsSync(file), 10_000, "a's command");
+      signal(a, sig);
+      assert.equal(await a.exited, sig === "SIGINT" ? 3 : 4, a.err());
+      assert.deepEqual(
+        fs.readFileSync(file, "utf8").trim().split("\n"),
+        ["started", sig === "SIGINT" ? "INT" : "TERM"],
+      );
+    }
   });
 
   test("--lost-status tells a lost lease from a command's own exit status: evicted, lease exits with it; a command that itself exits 75 keeps its 75 and lease says the lease was held; a bad value exits 64", async () => {
