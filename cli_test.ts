@@ -376,7 +376,7 @@ describe("the lease command", () => {
     }
   });
 
-  test("a --ttl other than the bucket's exits 64 and says which to pass; a missing bucket exits 69 for holder, watch and release, worded for the command", async () => {
+  test("a --ttl other than the bucket's exits 64 and says which to pass; a --kill-after not below the bucket's TTL exits 66; a missing bucket exits 69 for holder, watch and release, worded for the command", async () => {
     const bucket = uniq("ttl");
     const at = (ttl: string[]) =>
       lease([
@@ -400,6 +400,16 @@ describe("the lease command", () => {
     );
     const adopted = at([]);
     assert.equal(await adopted.exited, 0, adopted.err());
+    // --kill-after is checked against the adopted TTL too, and must be
+    // below it: equal would leave the command running when a successor
+    // may start.
+    for (const killAfter of ["1500", "1499"]) {
+      const r = at(["--kill-after", killAfter]);
+      assert.equal(await r.exited, killAfter === "1500" ? 66 : 0, r.err());
+      if (killAfter === "1500") {
+        assert.match(r.err(), /--kill-after must be below the TTL \(1500 ms\)/);
+      }
+    }
 
     const missing = uniq("nope");
     for (
@@ -595,7 +605,11 @@ describe("the lease command", () => {
     console.log(
       `  [figures] lease run after kill -9: command group gone after ${goneAfter} ms, next command after ${failover} ms (TTL ${TTL} + grace ${TTL})`,
     );
-    assert.ok(goneAfter < TTL, `${goneAfter} ms`);
+    // The watchdog acts at once when its pipe from lease closes (measured
+    // 21-44 ms). Its other timer, the lease's deadline, comes 2/3 TTL to a
+    // TTL after the kill (a watchdog that ignored the closed pipe was
+    // measured at 772-785 ms): TTL/2 tells the two apart.
+    assert.ok(goneAfter < TTL / 2, `${goneAfter} ms`);
     // The successor waits for a's entry to expire (its last renewal was up
     // to TTL/3 before the kill) and then the grace.
     assert.ok(failover >= 2 * TTL - TTL / 3 - 50, `${failover} ms`);
@@ -1120,7 +1134,7 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
     }
   };
 
-  test("kill -9 of lease under a command that ignores SIGTERM: the watchdog's SIGKILL follows --kill-after after the kill, nothing is written after it, and with --contain the cgroup is removed", async () => {
+  test("kill -9 of lease under a command that ignores SIGTERM: the watchdog's SIGKILL follows --kill-after after the kill (not the lease's deadline), nothing is written after it, and with --contain the cgroup is removed", async () => {
     // Where lease makes its cgroups: beside one made here.
     const parent = noCgroup ? "" : (() => {
       const probe = makeCgroup(uniq("lease-probe"));
@@ -1131,11 +1145,27 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
       const key = uniq("k9t");
       const marker = `k9t-${key}`;
       const file = path.join(tmp, key);
+      // With --contain, a worker that left the process group (setsid) and
+      // ignores SIGTERM too: only the cgroup's SIGKILL reaches it. Both run
+      // a script whose path carries the marker.
+      const script = path.join(tmp, `${marker}.sh`);
+      fs.writeFileSync(script, stubborn(file, marker)[2]!);
+      // TTL 3 s (a bucket of its own), so that the lease's deadline (2-3 s
+      // after the kill) is far from the bound below.
+      const args = common(key, "a").map((x, i, all) =>
+        all[i - 1] === "--ttl" ? "3000" : all[i - 1] === "--bucket" ? "cli3" : x
+      );
       const a = start([
-        ...common(key, "a"),
-        ...(contain ? ["--contain"] : []),
-        "--",
-        ...stubborn(file, marker),
+        ...args,
+        ...(contain
+          ? [
+            "--contain",
+            "--",
+            "sh",
+            "-c",
+            `setsid sh ${script} & exec sh ${script}`,
+          ]
+          : ["--", "sh", script]),
       ]);
       const cgroups = () =>
         contain
@@ -1145,6 +1175,9 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
           : [];
       try {
         await until(() => stamps(file).length >= 3, 10_000, "a's command");
+        if (contain) {
+          await until(() => alive(marker) >= 2, 5_000, "the setsid worker");
+        }
         assert.equal(cgroups().length, contain ? 1 : 0, "a's cgroup");
         const killedAt = Date.now();
         a.child.kill("SIGKILL");
@@ -1160,16 +1193,19 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
         console.log(
           `  [figures] lease run after kill -9, command ignoring SIGTERM${
             contain ? ", --contain" : ""
-          }: gone after ${goneAfter} ms, last write ${lastWrite} ms after the kill (--kill-after ${KILL_AFTER}, TTL ${TTL})`,
+          }: gone after ${goneAfter} ms, last write ${lastWrite} ms after the kill (--kill-after ${KILL_AFTER}, TTL 3000)`,
         );
         // The watchdog acts when its pipe from lease closes: SIGTERM at
-        // once (ignored here), SIGKILL --kill-after later. The 400 ms are
+        // once (ignored here), SIGKILL --kill-after later. The second is
         // for pgrep's polling and a loaded machine. Its other timer, the
         // lease's deadline, would fire 2/3 TTL to one TTL after the kill,
-        // and then wait --kill-after too (at least 867 ms here): too late
+        // and then wait --kill-after too (at least 2.2 s here): too late
         // for this bound, as is a watchdog that never sends SIGKILL.
-        assert.ok(goneAfter < KILL_AFTER + 400, `gone after ${goneAfter} ms`);
-        assert.ok(lastWrite < KILL_AFTER + 400, `wrote ${lastWrite} ms after`);
+        assert.ok(goneAfter < KILL_AFTER + 1_000, `gone after ${goneAfter} ms`);
+        assert.ok(
+          lastWrite < KILL_AFTER + 1_000,
+          `wrote ${lastWrite} ms after`,
+        );
         await until(
           () => cgroups().length === 0,
           2_000,
@@ -1235,6 +1271,53 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
           process.kill(dog, "SIGKILL");
         } catch {
           // ended by lease, as it should be
+        }
+      }
+      try {
+        execFileSync("pkill", ["-KILL", "-f", marker]);
+      } catch {
+        // gone
+      }
+    }
+  });
+
+  test("an eviction while the watchdog is stopped: lease's own SIGKILL ends a command that ignores SIGTERM --kill-after later, and lease exits 75", async () => {
+    const key = uniq("evs");
+    const marker = `evs-${key}`;
+    const file = path.join(tmp, key);
+    const a = start([...common(key, "a"), "--", ...stubborn(file, marker)]);
+    let dog: number | undefined;
+    try {
+      await until(() => stamps(file).length >= 3, 10_000, "a's command");
+      // The watchdog cannot help: what stops the command is lease's own.
+      dog = watchdogOf(a);
+      process.kill(dog, "SIGSTOP");
+      const ev = evict(key, "a");
+      assert.equal(await ev.exited, 0, ev.err());
+      const evictedAt = Date.now();
+      // The loss is seen at the next renewal (TTL/3), then SIGTERM,
+      // ignored, and SIGKILL --kill-after later; 1 s for a loaded machine.
+      // Without lease's own SIGKILL the command runs on for good.
+      const code = await exitWithin(
+        a,
+        TTL / 3 + KILL_AFTER + 1_000,
+        "an eviction with the watchdog stopped",
+      );
+      assert.equal(code, 75, a.err());
+      assert.match(a.err(), /its entry was deleted/);
+      assert.equal(alive(marker, a.child.pid), 0, "the command is gone");
+      const lastWrite = Math.max(...stamps(file).map((x) => x.ms)) -
+        evictedAt;
+      assert.ok(
+        lastWrite < TTL / 3 + KILL_AFTER + 1_000,
+        `wrote ${lastWrite} ms after the eviction`,
+      );
+    } finally {
+      if (dog !== undefined) {
+        try {
+          process.kill(dog, "SIGKILL");
+        } catch {
+          // gone
         }
       }
       try {

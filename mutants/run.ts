@@ -1,0 +1,275 @@
+/**
+ * The mutant table's runner: puts each hand-made bug of `table.ts` into a
+ * copy of the work tree, runs the test that must catch it, and prints the
+ * score. A mutant is killed when its test fails; it survived when the test
+ * passes. Before any mutant, every test named by the table must pass on the
+ * unmutated copy: a test that already fails would kill every mutant and
+ * prove nothing.
+ *
+ * The copy lives in a temp folder (tracked and untracked files of the work
+ * tree, with `node_modules` and `.tools` linked in), so nothing in the work
+ * tree changes and a killed run leaves it intact. Each test run gets a
+ * process group of its own, killed whole when it ends: a test that fails
+ * under a mutant may leave a command or a server behind.
+ *
+ * Usage (Node 24):
+ *   node mutants/run.ts [--only ID,ID...] [--part K/N] [--min PERCENT]
+ *
+ *   --only    run these mutants only
+ *   --part    run the K-th of N slices of the table (1-based), for a CI that
+ *             rotates through it
+ *   --min     exit 1 when fewer than PERCENT of the mutants run are killed
+ *             (default 90)
+ *
+ * Prints one line per mutant, `mutant ID: killed|SURVIVED ...`, and last
+ * `mutants: K of N killed (P %)`. A mutant whose search text does not occur
+ * exactly once in its file is reported as stale and counts as survived:
+ * the table must follow the code.
+ *
+ * @module
+ */
+
+import { execFileSync, spawn } from "node:child_process";
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import process from "node:process";
+import { fileURLToPath } from "node:url";
+import { type Mutant, MUTANTS } from "./table.ts";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+/** How long one test run may take before it counts as a failure (killed). */
+const RUN_TIMEOUT_MS = 240_000;
+
+interface Args {
+  only: Set<string> | undefined;
+  part: [number, number] | undefined;
+  min: number;
+}
+
+function parseArgs(argv: string[]): Args {
+  const args: Args = { only: undefined, part: undefined, min: 90 };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    const value = argv[i + 1];
+    if (a === "--only" && value !== undefined) {
+      args.only = new Set(value.split(","));
+      i++;
+    } else if (a === "--part" && value !== undefined) {
+      const m = /^(\d+)\/(\d+)$/.exec(value);
+      if (!m || Number(m[1]) < 1 || Number(m[1]) > Number(m[2])) {
+        throw new RangeError(
+          `Cannot run mutants as --part must be K/N with 1 <= K <= N: received '${value}'`,
+        );
+      }
+      args.part = [Number(m[1]), Number(m[2])];
+      i++;
+    } else if (a === "--min" && value !== undefined) {
+      args.min = Number(value);
+      if (!Number.isFinite(args.min) || args.min < 0 || args.min > 100) {
+        throw new RangeError(
+          `Cannot run mutants as --min must be a percentage: received '${value}'`,
+        );
+      }
+      i++;
+    } else {
+      throw new TypeError(
+        `Cannot run mutants: unknown argument '${a}' (use --only, --part, --min)`,
+      );
+    }
+  }
+  return args;
+}
+
+/** Copies the work tree's tracked and untracked files into a temp folder. */
+function copyTree(): string {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "lease-mutants-"));
+  const files = execFileSync(
+    "git",
+    ["ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+    { cwd: ROOT, encoding: "utf8", maxBuffer: 64 << 20 },
+  ).split("\0").filter(Boolean);
+  for (const f of files) {
+    const from = path.join(ROOT, f);
+    if (!fs.existsSync(from) || fs.statSync(from).isDirectory()) continue;
+    fs.mkdirSync(path.dirname(path.join(dir, f)), { recursive: true });
+    fs.copyFileSync(from, path.join(dir, f));
+  }
+  for (const link of ["node_modules", ".tools"]) {
+    fs.symlinkSync(path.join(ROOT, link), path.join(dir, link));
+  }
+  return dir;
+}
+
+interface Outcome {
+  passed: boolean;
+  tests: number;
+  ms: number;
+  tail: string;
+}
+
+/** Runs one test file (the tests whose names match `name`) in `dir`. */
+function runTest(
+  dir: string,
+  m: Pick<Mutant, "test" | "name">,
+): Promise<Outcome> {
+  const node = path.join(ROOT, "node_modules/.bin/node");
+  const args = [
+    "--test",
+    "--test-concurrency=1",
+    `--test-timeout=${RUN_TIMEOUT_MS}`,
+    ...(m.name === undefined ? [] : [`--test-name-pattern=${m.name}`]),
+    m.test,
+  ];
+  const started = performance.now();
+  return new Promise((resolve) => {
+    const env: Record<string, string | undefined> = {
+      ...process.env,
+      NATS_SERVER_BIN: path.join(ROOT, ".tools/bin/nats-server"),
+    };
+    // Set when this runner itself runs under `node --test`.
+    delete env.NODE_TEST_CONTEXT;
+    const child = spawn(node, args, {
+      cwd: dir,
+      detached: true,
+      stdio: ["ignore", "pipe", "pipe"],
+      env,
+    });
+    let out = "";
+    const keep = (d: Buffer) => out = (out + d.toString()).slice(-20_000);
+    child.stdout!.on("data", keep);
+    child.stderr!.on("data", keep);
+    const timer = setTimeout(
+      () => killGroup(child.pid!),
+      RUN_TIMEOUT_MS + 10_000,
+    );
+    child.on("close", (code) => {
+      clearTimeout(timer);
+      // Whatever the tests started and left behind goes with them.
+      killGroup(child.pid!);
+      const tests = Number(/^ℹ tests (\d+)$/m.exec(out)?.[1] ?? 0);
+      resolve({
+        passed: code === 0,
+        tests,
+        ms: performance.now() - started,
+        tail: out.split("\n").filter((l) => /✖|Error|assert/i.test(l)).slice(
+          0,
+          6,
+        )
+          .join("\n"),
+      });
+    });
+  });
+}
+
+function killGroup(pid: number): void {
+  try {
+    process.kill(-pid, "SIGKILL");
+  } catch {
+    // gone
+  }
+}
+
+function slice(all: readonly Mutant[], args: Args): Mutant[] {
+  let chosen = all.filter((m) => !args.only || args.only.has(m.id));
+  if (args.part) {
+    const [k, n] = args.part;
+    chosen = chosen.filter((_, i) => i % n === k - 1);
+  }
+  return chosen;
+}
+
+async function main(): Promise<number> {
+  const args = parseArgs(process.argv.slice(2));
+  const ids = new Set<string>();
+  for (const m of MUTANTS) {
+    if (ids.has(m.id)) {
+      throw new Error(`mutants/table.ts: duplicate id ${m.id}`);
+    }
+    ids.add(m.id);
+  }
+  const chosen = slice(MUTANTS, args);
+  if (chosen.length === 0) {
+    console.log("mutants: none chosen");
+    return 1;
+  }
+  const dir = copyTree();
+  try {
+    // The baseline: each test that must kill a mutant passes without one.
+    const baselines = new Map<string, Outcome>();
+    for (const m of chosen) {
+      const key = `${m.test}\0${m.name ?? ""}`;
+      if (baselines.has(key)) continue;
+      const o = await runTest(dir, m);
+      baselines.set(key, o);
+      const what = `${m.test}${m.name ? ` /${m.name}/` : ""}`;
+      if (!o.passed || o.tests === 0) {
+        console.log(
+          `baseline ${what}: FAILED (${
+            o.tests === 0 ? "no test matched" : "fails without a mutant"
+          }, ${Math.round(o.ms / 1000)} s)\n${o.tail}`,
+        );
+      } else {
+        console.log(
+          `baseline ${what}: passes (${o.tests} tests, ${
+            Math.round(o.ms / 1000)
+          } s)`,
+        );
+      }
+    }
+    let killed = 0;
+    const survivors: string[] = [];
+    for (const m of chosen) {
+      const file = path.join(dir, m.file);
+      const original = fs.readFileSync(file, "utf8");
+      const at = original.indexOf(m.find);
+      const stale = at < 0 || original.indexOf(m.find, at + 1) >= 0;
+      const base = baselines.get(`${m.test}\0${m.name ?? ""}`)!;
+      if (stale) {
+        console.log(
+          `mutant ${m.id}: SURVIVED (stale: its text occurs ${
+            at < 0 ? "nowhere" : "more than once"
+          } in ${m.file})`,
+        );
+        survivors.push(m.id);
+        continue;
+      }
+      if (!base.passed || base.tests === 0) {
+        console.log(`mutant ${m.id}: SURVIVED (its test fails without it)`);
+        survivors.push(m.id);
+        continue;
+      }
+      fs.writeFileSync(
+        file,
+        original.slice(0, at) + m.replace + original.slice(at + m.find.length),
+      );
+      let o: Outcome;
+      try {
+        o = await runTest(dir, m);
+      } finally {
+        fs.writeFileSync(file, original);
+      }
+      if (!o.passed) {
+        killed++;
+        console.log(
+          `mutant ${m.id}: killed by ${m.test} (${
+            Math.round(o.ms / 1000)
+          } s): ${m.what}`,
+        );
+      } else {
+        survivors.push(m.id);
+        console.log(`mutant ${m.id}: SURVIVED ${m.test}: ${m.what}`);
+      }
+    }
+    const pct = (100 * killed) / chosen.length;
+    if (survivors.length > 0) console.log(`survivors: ${survivors.join(", ")}`);
+    console.log(
+      `mutants: ${killed} of ${chosen.length} killed (${pct.toFixed(1)} %)`,
+    );
+    return pct >= args.min ? 0 : 1;
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+process.exitCode = await main();

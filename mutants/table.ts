@@ -1,0 +1,242 @@
+/**
+ * Hand-made mutants of the code the simulator does not drive: the `lease`
+ * command and its watchdog, the recipes, events, `health()`, `./otel`,
+ * `lease ls` and `lease watch`, and input checks. Each is one small,
+ * plausible bug (a search text replaced once) and names the test that must
+ * catch it; `run.ts` puts each into a copy of the tree and runs that test.
+ * The simulator's own mutants of `lease.ts` are in `sim/mutants.ts`.
+ *
+ * A mutant's `find` must occur exactly once in its file: when the code
+ * changes, the runner reports the mutant as stale rather than testing the
+ * unmutated code. `name` narrows the run to the tests whose names match
+ * (a regular expression, as `node --test --test-name-pattern` takes it).
+ *
+ * @module
+ */
+
+/** One bug, and the test that must catch it. */
+export interface Mutant {
+  /** Short id, unique in the table. */
+  readonly id: string;
+  /** The file changed, relative to the repository's root. */
+  readonly file: string;
+  /** The text replaced; occurs exactly once in `file`. */
+  readonly find: string;
+  /** What it is replaced with. */
+  readonly replace: string;
+  /** The test file that must fail with the mutant in place. */
+  readonly test: string;
+  /** Which of its tests to run (a name pattern); all when omitted. */
+  readonly name?: string;
+  /** The bug, in words. */
+  readonly what: string;
+}
+
+/** The table: the command and its watchdog first, then the recipes. */
+export const MUTANTS: readonly Mutant[] = [
+  // --- cli_watchdog.ts: what stops the command when lease cannot ---------
+  {
+    id: "W1",
+    file: "cli_watchdog.ts",
+    find: `    if (alive()) kill("SIGKILL");`,
+    replace: `    if (alive() && false) kill("SIGKILL");`,
+    test: "cli_test.ts",
+    name: "kill -9 of lease under a command that ignores SIGTERM",
+    what: "the watchdog never escalates to SIGKILL",
+  },
+  {
+    id: "W2",
+    file: "cli_watchdog.ts",
+    find: `lines.on("close", stop);`,
+    replace: `lines.on("close", () => {});`,
+    test: "cli_test.ts",
+    name: "^kill -9 of lease: its watchdog",
+    what:
+      "the watchdog ignores lease's death (its closed pipe) and waits for the deadline",
+  },
+  {
+    id: "W3",
+    file: "cli_watchdog.ts",
+    find: `  tell("ok");`,
+    replace: ``,
+    test: "cli_test.ts",
+    name: "a blip back to the same server",
+    what: "the watchdog no longer answers ticks, so lease takes it for stopped",
+  },
+  {
+    id: "W4",
+    file: "cli_watchdog.ts",
+    find: `deadline = setTimeout(stop, Math.max(0, ms));`,
+    replace: `deadline = setTimeout(stop, Math.max(0, ms) + 60_000);`,
+    test: "cli_test.ts",
+    name: "lease paused by SIGSTOP",
+    what: "the watchdog misses the lease's deadline when lease is paused",
+  },
+  {
+    id: "W5",
+    file: "cli_watchdog.ts",
+    find: `process.stdout.on("error", () => {});`,
+    replace: ``,
+    test: "cli_test.ts",
+    name: "kill -9 of lease under a command that ignores SIGTERM",
+    what:
+      "a failed write to the dead lease's pipe (EPIPE) ends the watchdog before its SIGKILL",
+  },
+  // --- cli.ts: lease run ------------------------------------------------
+  {
+    id: "C1",
+    file: "cli.ts",
+    find: `        setTimeout(() => {
+          if (running()) kill("SIGKILL");
+        }, killAfter).unref?.();`,
+    replace: `        setTimeout(() => {}, killAfter).unref?.();`,
+    test: "cli_test.ts",
+    name: "an eviction while the watchdog is stopped",
+    what: "lease run never escalates a lost lease's SIGTERM to SIGKILL",
+  },
+  {
+    id: "C2",
+    file: "cli.ts",
+    find: `        if (frozen === on || pid === undefined) return;`,
+    replace: `        if (on || frozen === on || pid === undefined) return;`,
+    test: "cli_test.ts",
+    name: "lost acknowledged writes",
+    what: "the command is not frozen when the connection drops",
+  },
+  {
+    id: "C3",
+    file: "cli.ts",
+    find: `            else if (frozen && !lease.signal.aborted) {`,
+    replace: `            else if (frozen && false) {`,
+    test: "cli_test.ts",
+    name: "a blip back to the same server",
+    what: "a frozen command is never thawed once the lease is proven again",
+  },
+  {
+    id: "C4",
+    file: "cli.ts",
+    find: `watchdog.silence() > WATCHDOG_SILENCE_MS && running()`,
+    replace: `watchdog.silence() > 60 * WATCHDOG_SILENCE_MS && running()`,
+    test: "cli_test.ts",
+    name: "a watchdog stopped by SIGSTOP",
+    what: "lease does not notice a watchdog that stopped answering",
+  },
+  {
+    id: "C5",
+    file: "cli.ts",
+    find: `          if (stopped !== undefined || !running()) {`,
+    replace: `          if (true) {`,
+    test: "cli_test.ts",
+    name: "a watchdog that dies while the command runs",
+    what: "a dead watchdog leaves the command running unprotected",
+  },
+  {
+    id: "C6",
+    file: "cli.ts",
+    find: `if (child?.pid !== undefined) killGroup(child.pid, sig);`,
+    replace: `if (child?.pid !== undefined) killGroup(child.pid, "SIGTERM");`,
+    test: "cli_test.ts",
+    name: "SIGINT to lease is passed on",
+    what: "SIGINT is passed on to the command as SIGTERM",
+  },
+  {
+    id: "C7",
+    file: "cli.ts",
+    find: `        code = a.lostStatus;`,
+    replace: `        code = EXIT.LOST;`,
+    test: "cli_test.ts",
+    name: "--lost-status tells a lost lease",
+    what: "--lost-status is ignored",
+  },
+  {
+    id: "C8",
+    file: "cli.ts",
+    find: `  if (killAfter >= leases.ttl) {`,
+    replace: `  if (killAfter > leases.ttl) {`,
+    test: "cli_test.ts",
+    name: "a --kill-after not below the bucket's TTL",
+    what: "--kill-after equal to the bucket's TTL is accepted",
+  },
+  {
+    id: "C9",
+    file: "cli.ts",
+    find: `          LEASE_EPOCH: String(lease.epoch),`,
+    replace: `          LEASE_EPOCH: "1",`,
+    test: "cli_test.ts",
+    name: "two lease run on one key",
+    what: "the command gets a constant epoch",
+  },
+  {
+    id: "C10",
+    file: "cli.ts",
+    find:
+      `  if (reason instanceof NotHolderError && reason.holder !== undefined) {`,
+    replace:
+      `  if (reason instanceof NotHolderError && reason.holder === undefined) {`,
+    test: "cli_test.ts",
+    name: "a lease lost to a write over its entry",
+    what: "a loss to another holder is reported as a delete",
+  },
+  {
+    id: "C11",
+    file: "cli_cgroup.ts",
+    find: `  if (signal === "SIGKILL") {
+    try {`,
+    replace: `  if (signal === "SIGKILL") {
+    return;
+    try {`,
+    test: "cli_test.ts",
+    name: "kill -9 of lease under a command that ignores SIGTERM",
+    what:
+      "--contain's SIGKILL never reaches the cgroup (a setsid worker survives)",
+  },
+  // --- semaphore.ts -------------------------------------------------------
+  {
+    id: "S1",
+    file: "semaphore.ts",
+    find: `      if (!s.resize && s.limit !== this.limit) {`,
+    replace: `      if (!s.resize && s.limit > this.limit) {`,
+    test: "semaphore_test.ts",
+    name: "LimitMismatchError",
+    what: "a contender with a larger limit than the holders' is let in",
+  },
+  {
+    id: "S2",
+    file: "semaphore.ts",
+    find: `  const manager = managerBehind(leases);`,
+    replace: `  const manager = leases;`,
+    test: "semaphore_test.ts",
+    name: "instrument\\(\\) of it count as one manager",
+    what: "the local lock is per object, not per manager",
+  },
+  {
+    id: "S3",
+    file: "semaphore.ts",
+    find: `new HeldSlotImpl(leases, lease, slot, await pin(leases, lease)),`,
+    replace: `new HeldSlotImpl(leases, lease, slot, () => Promise.resolve()),`,
+    test: "semaphore_test.ts",
+    name: "acquire\\(\\) keeps its slot held past the manager's idleRelease",
+    what: "a slot held by acquire() is not pinned against idleRelease",
+  },
+  {
+    id: "S4",
+    file: "semaphore.ts",
+    find: `    limit > MAX_SEMAPHORE_LIMIT`,
+    replace: `    limit > MAX_SEMAPHORE_LIMIT + 1`,
+    test: "semaphore_test.ts",
+    name: "bad input",
+    what: "a limit one above the largest is accepted",
+  },
+  // A known survivor: no test pauses a turnstile holder between its census
+  // and its slot's compare-and-set (issue 36 asks for one); until then the
+  // turnstile's own tenure bounds the harm to one TTL plus the grace.
+  {
+    id: "S6",
+    file: "semaphore.ts",
+    find: `        turn.lease.throwIfLost();
+        started();`,
+    replace: `        started();`,
+    test: "semaphore_test.ts",
+    what: "a slot is taken without checking that the turnstile is still held",
+  },
+];
