@@ -77,7 +77,9 @@ export {
   MAX_SHARDS,
   memberKey,
   type ShardAssignment,
+  ShardCountMismatchError,
   shardKey,
+  type ShardLease,
   shards,
   type ShardsOptions,
 } from "./shards.ts";

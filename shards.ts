@@ -6,7 +6,8 @@
  * ## Why a free function
  * {@linkcode shards} is written only against the public
  * {@linkcode LeaseManager} interface (`guard`, `held`, `watch`,
- * `release`), so it adds no protocol: every shard is a lease, and what the
+ * `release`, `holder`, and `holders` to name a count that differs), so it
+ * adds no protocol: every shard is a lease, and what the
  * safety argument of `lease.ts` says of a lease holds for each shard. Taking
  * the manager as an argument rather than adding a method keeps `lease.ts`
  * (the protocol core) from growing for a recipe, and lets any object that
@@ -14,10 +15,13 @@
  *
  * ## Keys
  * - `<group>.members.<slot>`: membership. A member holds one of
- *   `maxMembers` slots, the value being its node id. The KV API cannot list
- *   keys through the `LeaseManager` interface, so members find each other
- *   by watching every slot (one watch per slot, no polling): the slots are
- *   bounded for that reason.
+ *   `maxMembers` slots, the value being its node id. A listing of keys
+ *   (`holders`) would have to be repeated to notice a change, so members
+ *   find each other by watching every slot (one watch per slot, no
+ *   polling): the slots are bounded for that reason.
+ * - `<group>.members.<slot>.n<count>`: the count of the member in that
+ *   slot, taken before the slot and released after it (see "Count
+ *   agreement").
  * - `<group>.shards.<i>`: shard `i`, held by its owner.
  *
  * ## Balance and stickiness
@@ -27,13 +31,46 @@
  * the target of and releases the others; a join or leave moves only about
  * `count / members` shards, and shards that do not move are never released.
  *
+ * ## Count agreement
+ * Members with different counts compute different targets, and a shard that
+ * neither's target gives itself stays without an owner, with no error from
+ * the leases (each shard is still single-writer). So every member records
+ * its count where it announces itself: a lease value is the holder's node
+ * id and nothing else, so the count goes in a key's name, the count key
+ * beside its slot. A member takes its count key before its slot and
+ * releases it after, so whoever sees a member in a slot finds its count
+ * recorded; it reads it once per (slot, tenure) it sees, never per write.
+ * The group's count is the count of its longest-standing member (the
+ * lowest slot epoch, a revision of one stream, so all members order them
+ * alike): a member whose count differs fails its iteration with
+ * {@linkcode ShardCountMismatchError} before it takes any shard (it decides
+ * nothing until the counts of the members it sees are read), and the
+ * others leave it out of their targets, so their shards never move to a
+ * member that will not hold them. A member that records no count (an
+ * older version of this module) is taken to agree.
+ *
+ * ## Writes
+ * A shard moved away is released as soon as the writes under its lease
+ * settled. A guard on its key without that lease's signal, still running
+ * then or called later, may acquire the free key again before the new
+ * owner's waiting guard does, and keeps it: the member no longer lists it,
+ * and the new owner waits. {@linkcode ShardLease.guard} passes the lease's
+ * own signal to every guard. That signal aborts when the shard is to move,
+ * before the release starts (a hold releases its key only once its
+ * tenure's write ended, and that write ends on this abort): a guard under
+ * way rejects at the abort and sends nothing more on the key, and a later
+ * one is refused at once, so no guard through a shard's lease reaches the
+ * key after its release.
+ *
  * @module
  */
 
 import {
+  type GuardOptions,
   type Holder,
   type Lease,
   type LeaseManager,
+  NotHolderError,
   UnavailableError,
 } from "./lease.ts";
 
@@ -79,8 +116,9 @@ const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
 export interface ShardsOptions {
   /**
    * How many shards the group has: shards are numbered `0..count-1`. Every
-   * member of a group must pass the same count. At most
-   * {@linkcode MAX_SHARDS}.
+   * member of a group must pass the same count: one whose count differs
+   * from the group's (its longest-standing member's) fails with
+   * {@linkcode ShardCountMismatchError}. At most {@linkcode MAX_SHARDS}.
    */
   count: number;
   /**
@@ -101,6 +139,53 @@ export interface ShardsOptions {
 }
 
 /**
+ * The lease of one shard a member owns, as {@linkcode ShardAssignment.owned}
+ * gives it: a {@linkcode Lease} (key `<group>.shards.<i>`, fencing epoch,
+ * loss signal) with the guard to write to the shard through.
+ *
+ * @example Write shard 3 while this member owns it
+ * ```ts ignore
+ * const lease = a.owned.get(3)!;
+ * await lease.guard((l) => store.append(3, l.epoch, record));
+ * ```
+ */
+export interface ShardLease extends Lease {
+  /** The shard number. */
+  readonly shard: number;
+  /**
+   * Runs `write` under this shard's lease, as
+   * {@linkcode LeaseManager.guard} on {@linkcode Lease.key} does, while this
+   * member owns the shard under this lease; refuses it once the lease ended
+   * (the shard is to move to another member, the member left, or the lease
+   * was lost), without taking the key again: a shard that moved away stays
+   * with its new owner. A shard the member owns again later comes under a
+   * new lease, in a later assignment; this one keeps refusing.
+   *
+   * @typeParam T What `write` returns.
+   * @param write The write; it gets the lease of this guard (the shard's epoch and tenure, a signal that also follows `options.signal`).
+   * @param options A signal to give up, and the guard's `check` (see {@linkcode GuardOptions}).
+   * @returns What `write` returns; what it throws is rethrown unchanged.
+   * @throws {NotHolderError} This lease ended before `write` started (a guard under way included); `write` was not called.
+   * @throws {UnavailableError} The server could not be reached or answered too late; `write` was not called.
+   * @throws {TypeError} `write` is not a function, `options` not an object, `signal` not an `AbortSignal`, `check` neither `"cas"` nor `"lease"`, or the manager is closed.
+   * @throws {unknown} The reason of `options.signal` when it aborts before the write started.
+   *
+   * @example Write until the shard moves
+   * ```ts ignore
+   * const lease = a.owned.get(i)!;
+   * while (!lease.signal.aborted) {
+   *   await lease.guard((l) => store.append(i, l.epoch, next()))
+   *     .catch((err) => { if (!(err instanceof NotHolderError)) throw err; });
+   * }
+   * ```
+   */
+  guard<T>(
+    write: (lease: Lease) => T | Promise<T>,
+    options?: Omit<GuardOptions, "wait">,
+  ): Promise<T>;
+}
+
+/**
  * One assignment yielded by {@linkcode shards}: what this member owns now.
  *
  * @example Start and stop a worker per shard
@@ -114,16 +199,16 @@ export interface ShardsOptions {
  */
 export interface ShardAssignment {
   /**
-   * The shards this member owns, each with its lease (key
-   * `<group>.shards.<i>`, fencing epoch, loss signal). Write to a shard
-   * with `leases.guard(lease.key, write, { signal: lease.signal })`.
+   * The shards this member owns, each with its lease. Write to shard `i`
+   * with `owned.get(i).guard(write)` ({@linkcode ShardLease.guard}), which
+   * refuses once the shard moved away instead of taking its key again.
    */
-  readonly owned: ReadonlyMap<number, Lease>;
+  readonly owned: ReadonlyMap<number, ShardLease>;
   /** Shards owned now and not in the previous assignment (or under a new lease since), in order. */
   readonly added: readonly number[];
   /** Shards owned in the previous assignment and not now (or under a new lease since), in order. */
   readonly removed: readonly number[];
-  /** The members seen (node ids, sorted), this member included once it holds a slot. */
+  /** The members seen whose count agrees (node ids, sorted), this member included once it holds a slot. */
   readonly members: readonly string[];
 }
 
@@ -159,6 +244,71 @@ export function shardKey(group: string, shard: number): string {
  */
 export function memberKey(group: string, slot: number): string {
   return `${group}.members.${slot}`;
+}
+
+/** The key that records the count of the member in slot `slot`. */
+function countKey(group: string, slot: number, count: number): string {
+  return `${memberKey(group, slot)}.n${count}`;
+}
+
+/**
+ * This member's count differs from its group's: the count recorded by the
+ * group's longest-standing member (the one whose slot has the lowest
+ * epoch). The member took no shard, and its iteration ended, having left
+ * the group; the other members left it out of their targets. Either
+ * configuration is wrong, or the count is being changed: stop every member
+ * of the group, or start the new count under another group name.
+ *
+ * @example Tell a misconfiguration
+ * ```ts ignore
+ * try {
+ *   for await (const a of shards(leases, "orders", { count: 32, signal })) run(a);
+ * } catch (err) {
+ *   if (err instanceof ShardCountMismatchError) {
+ *     console.error(`count ${err.asked}, but ${err.holder} records ${err.recorded}`);
+ *   }
+ *   throw err;
+ * }
+ * ```
+ */
+export class ShardCountMismatchError extends RangeError {
+  /** The group's name. */
+  readonly group: string;
+  /** The count this member was given. */
+  readonly asked: number;
+  /** The count the group's longest-standing member records. */
+  readonly recorded: number;
+  /** That member's count key, `<group>.members.<slot>.n<recorded>`. */
+  readonly key: string;
+  /** That member's node id. */
+  readonly holder: string;
+
+  /**
+   * Makes the error.
+   *
+   * @param group The group's name.
+   * @param asked The count this member was given.
+   * @param recorded The count recorded.
+   * @param key The key that records it.
+   * @param holder Its holder.
+   */
+  constructor(
+    group: string,
+    asked: number,
+    recorded: number,
+    key: string,
+    holder: string,
+  ) {
+    super(
+      `Cannot follow the shards of '${group}' with count ${asked}: the group's longest-standing member '${holder}' records count ${recorded} in '${key}' (give every member the same count, or start the new count under another group name)`,
+    );
+    this.name = "ShardCountMismatchError";
+    this.group = group;
+    this.asked = asked;
+    this.recorded = recorded;
+    this.key = key;
+    this.holder = holder;
+  }
 }
 
 function describe(value: unknown): string {
@@ -314,11 +464,17 @@ const groupsInUse = new WeakMap<LeaseManager, Set<string>>();
  *   its entries expire and the failover grace (a TTL) runs. A tenure lost
  *   (the server unreachable past the TTL) ends that shard's lease; the
  *   member then waits for the shard again, under a new epoch.
- * - **Writes.** Write to shard `i` with
- *   `leases.guard(lease.key, write, { signal: lease.signal })`, `lease`
- *   being `owned.get(i)`: the guard then refuses once the shard moved
- *   away, instead of taking its key again, and `write` gets the shard's
- *   fencing epoch for the store, as any guard does.
+ * - **Writes.** Write to shard `i` with `owned.get(i).guard(write)`
+ *   ({@linkcode ShardLease.guard}): it refuses with
+ *   {@linkcode NotHolderError} once the shard is to move away, instead of
+ *   taking its key again, and `write` gets the shard's fencing epoch for
+ *   the store, as any guard does. A guard on the key with no lease signal
+ *   (`leases.guard(key, write)`) can take a shard that just moved away back
+ *   from its new owner, and keep it.
+ * - **Count.** Every member records its count beside its slot; one whose
+ *   count differs from the group's (its longest-standing member's) throws
+ *   {@linkcode ShardCountMismatchError} before it takes any shard, and the
+ *   others leave it out.
  *
  * The members only agree on the target once their views of the slots agree:
  * while a change propagates (a few milliseconds of watch latency), two
@@ -332,6 +488,7 @@ const groupsInUse = new WeakMap<LeaseManager, Set<string>>();
  * @throws {TypeError} `leases` is not a lease manager, `group` is not a valid key, `signal` is not an `AbortSignal`, or a number option is not a number; while iterating, another iteration of the same group on this manager is running, or the manager is closed.
  * @throws {RangeError} `count` is not a whole number from 1 to {@linkcode MAX_SHARDS}, or `maxMembers` not one from 1 to 256.
  * @throws {UnavailableError} While iterating: the bucket is gone or the connection closed for good.
+ * @throws {ShardCountMismatchError} While iterating: the group's longest-standing member records another count; this member took no shard and left.
  *
  * @example Process the shards this node owns
  * ```ts ignore
@@ -341,10 +498,9 @@ const groupsInUse = new WeakMap<LeaseManager, Set<string>>();
  *   for (const i of a.removed) stopWorker(i);
  *   for (const i of a.added) {
  *     const lease = a.owned.get(i)!;
+ *     // Refused (NotHolderError) once shard i moved away.
  *     startWorker(i, (record) =>
- *       leases.guard(lease.key, (l) => store.append(i, l.epoch, record), {
- *         signal: lease.signal, // refused once shard i moved away
- *       }));
+ *       lease.guard((l) => store.append(i, l.epoch, record)));
  *   }
  * }
  * ```
@@ -360,6 +516,7 @@ export function shards(
     typeof leases.guard !== "function" ||
     typeof leases.watch !== "function" ||
     typeof leases.held !== "function" ||
+    typeof leases.holder !== "function" ||
     typeof leases.release !== "function"
   ) {
     throw new TypeError(
@@ -432,6 +589,120 @@ interface Hold {
   readonly done: Promise<void>;
 }
 
+/**
+ * Another node seen in a slot, for one tenure of that slot, and its count:
+ * `undefined` while it is read, `null` when it records none.
+ */
+interface Peer {
+  readonly node: string;
+  readonly epoch: number;
+  count: number | null | undefined;
+}
+
+/** A shard's lease, with the guard that refuses once it ended. */
+class OwnedShard implements ShardLease {
+  readonly #lease: Lease;
+  readonly #leases: LeaseManager;
+  readonly #group: string;
+  readonly shard: number;
+  readonly key: string;
+  readonly node: string;
+  readonly epoch: number;
+  readonly tenure: string;
+  readonly signal: AbortSignal;
+
+  constructor(
+    lease: Lease,
+    leases: LeaseManager,
+    group: string,
+    shard: number,
+  ) {
+    this.#lease = lease;
+    this.#leases = leases;
+    this.#group = group;
+    this.shard = shard;
+    this.key = lease.key;
+    this.node = lease.node;
+    this.epoch = lease.epoch;
+    this.tenure = lease.tenure;
+    this.signal = lease.signal;
+  }
+
+  get deadline(): number {
+    return this.#lease.deadline;
+  }
+
+  throwIfLost(): void {
+    this.#lease.throwIfLost();
+  }
+
+  #refusal(): NotHolderError {
+    return new NotHolderError(
+      this.key,
+      undefined,
+      undefined,
+      `Cannot write shard ${this.shard} of '${this.#group}' under its lease of epoch ${this.epoch}: that lease ended (the shard moved away, the member left, or the lease was lost); write through the lease of the latest assignment`,
+    );
+  }
+
+  guard<T>(
+    write: (lease: Lease) => T | Promise<T>,
+    options: Omit<GuardOptions, "wait"> = {},
+  ): Promise<T> {
+    const verb = `guard a write on shard ${this.shard} of '${this.#group}'`;
+    if (typeof write !== "function") {
+      return Promise.reject(
+        new TypeError(
+          `Cannot ${verb} as 'write' must be a function: received ${
+            describe(write)
+          }`,
+        ),
+      );
+    }
+    if (typeof options !== "object" || options === null) {
+      return Promise.reject(
+        new TypeError(
+          `Cannot ${verb} as 'options' must be an object: received ${
+            describe(options)
+          }`,
+        ),
+      );
+    }
+    const { signal, check } = options;
+    if (signal !== undefined && !(signal instanceof AbortSignal)) {
+      return Promise.reject(
+        new TypeError(
+          `Cannot ${verb} as 'signal' must be an AbortSignal: received ${
+            describe(signal)
+          }`,
+        ),
+      );
+    }
+    if (signal?.aborted) return Promise.reject(signal.reason);
+    if (this.signal.aborted) return Promise.reject(this.#refusal());
+    // The lease's signal aborts when the shard is to move, before its key
+    // is released (`#hold` releases only once the tenure's write ended): a
+    // guard that has it rejects at that abort wherever it stands, and sends
+    // nothing on the key after the release, so it cannot take the key
+    // back from the shard's next owner.
+    const both = signal ? AbortSignal.any([this.signal, signal]) : this.signal;
+    let started = false;
+    return this.#leases.guard(this.key, (l) => {
+      started = true;
+      // The write runs under this lease's own tenure or not at all.
+      if (l.tenure !== this.tenure) throw this.#refusal();
+      return write(l);
+    }, check === undefined ? { signal: both } : { signal: both, check })
+      .catch((err: unknown) => {
+        if (
+          !started && this.signal.aborted &&
+          !(signal?.aborted && err === signal.reason)
+        ) throw this.#refusal();
+        throw err;
+      });
+  }
+}
+
 /** The state of one member of one group, for one iteration. */
 class Member {
   readonly #leases: LeaseManager;
@@ -451,12 +722,18 @@ class Member {
   /** Our view is complete and we joined, or found every slot taken. */
   #settled = false;
   #slotHold: Hold | undefined;
-  /** A stopped slot hold, until its release is done. */
+  /** The hold of our count key, taken before the slot, released after it. */
+  #countHold: Hold | undefined;
+  /** The other nodes in the slots and their counts, by slot. */
+  readonly #peers: (Peer | undefined)[];
+  /** A count of a node seen in a slot is being read: decide nothing yet. */
+  #pending = false;
+  /** A stopped slot hold (then its count key's), until its release is done. */
   #slotStopping: Promise<void> = Promise.resolve();
   /** Stopped shard holds, until their releases are done. */
   readonly #stopping = new Map<number, Promise<void>>();
   readonly #holds = new Map<number, Hold>();
-  readonly #owned = new Map<number, Lease>();
+  readonly #owned = new Map<number, OwnedShard>();
   #members: readonly string[] = [];
   #targetOf = "";
   #target = new Set<number>();
@@ -467,9 +744,13 @@ class Member {
   #failure: { error: unknown } | undefined;
   #ended = false;
   #leaving: Promise<void> | undefined;
-  #last: { owned: Map<number, Lease>; members: readonly string[] } | undefined;
+  #last:
+    | { owned: Map<number, OwnedShard>; members: readonly string[] }
+    | undefined;
   #registered = false;
   #retry: ReturnType<typeof setTimeout> | undefined;
+  /** Joins in a row kept from a free slot by its count key. */
+  #blocked = 0;
   readonly #onAbort = () => this.#end();
 
   constructor(
@@ -487,6 +768,7 @@ class Member {
     this.#holders = new Array<Holder | null | undefined>(slots).fill(
       undefined,
     );
+    this.#peers = new Array<Peer | undefined>(slots).fill(undefined);
   }
 
   start(): void {
@@ -541,6 +823,7 @@ class Member {
       ) {
         if (this.#holders[slot] === undefined) this.#heard++;
         this.#holders[slot] = h;
+        this.#see(slot, h);
         if (slot === this.#slot) {
           if (h?.node === this.#leases.node) {
             this.#seenInSlot = true;
@@ -556,16 +839,88 @@ class Member {
     }
   }
 
+  /** Starts reading the count of a node newly seen in `slot`. */
+  #see(slot: number, h: Holder | null): void {
+    const p = this.#peers[slot];
+    if (h === null || h.node === this.#leases.node) {
+      this.#peers[slot] = undefined;
+      return;
+    }
+    if (p && p.node === h.node && p.epoch === h.epoch) return;
+    const peer: Peer = { node: h.node, epoch: h.epoch, count: undefined };
+    this.#peers[slot] = peer;
+    this.#track(this.#readCount(slot, peer));
+  }
+
+  /**
+   * Reads the count `peer` records beside `slot`: it took its count key
+   * before the slot, so the key is there once the slot shows it. One read
+   * of the key our own count would have; a listing of the slot's keys only
+   * when that is not the peer's (to name its count, or find none).
+   */
+  async #readCount(slot: number, peer: Peer): Promise<void> {
+    const current = () =>
+      !this.#stop.signal.aborted && this.#peers[slot] === peer;
+    while (current()) {
+      try {
+        const mine = await this.#leases.holder(
+          countKey(this.#group, slot, this.#count),
+        );
+        let count: number | null = null;
+        if (mine?.node === peer.node) count = this.#count;
+        else if (typeof this.#leases.holders === "function") {
+          const base = `${memberKey(this.#group, slot)}.n`;
+          const keys = await this.#leases.holders(memberKey(this.#group, slot));
+          for (const [key, h] of keys) {
+            const n = Number(key.slice(base.length));
+            if (
+              h.node === peer.node && key.startsWith(base) &&
+              Number.isInteger(n) && n >= 1
+            ) count = n;
+          }
+        }
+        if (!current()) return;
+        peer.count = count;
+        this.#reconcile();
+        return;
+      } catch (err) {
+        if (!current()) return;
+        // A manager that cannot list keys: the count stays unknown.
+        if (err instanceof TypeError) {
+          peer.count = null;
+          this.#reconcile();
+          return;
+        }
+        if (!(err instanceof UnavailableError)) return this.#fail(err);
+        await new Promise<void>((resolve) => {
+          const done = () => {
+            clearTimeout(t);
+            this.#stop.signal.removeEventListener("abort", done);
+            resolve();
+          };
+          const t = setTimeout(done, this.#leases.ttl / 3);
+          this.#stop.signal.addEventListener("abort", done, { once: true });
+        });
+      }
+    }
+  }
+
   /** Our slot shows another holder or none: take a slot again. */
   #lostSlot(): void {
     const c = this.#slotHold;
+    const k = this.#countHold;
     this.#slot = undefined;
     this.#seenInSlot = false;
     this.#slotHold = undefined;
-    if (c) {
-      c.stop.abort();
-      this.#slotStopping = c.done;
-    }
+    this.#countHold = undefined;
+    c?.stop.abort();
+    // The count key goes after the slot, so that whoever still sees us in
+    // the slot finds our count.
+    this.#slotStopping = (async () => {
+      await c?.done;
+      k?.stop.abort();
+      await k?.done;
+    })();
     this.#reconcile();
   }
 
@@ -576,27 +931,56 @@ class Member {
     try {
       // A slot given up is released before any slot is taken again.
       await this.#slotStopping;
+      let blocked = false;
       for (let s = 0; s < this.#slots; s++) {
         if (this.#stop.signal.aborted) return;
         const h = this.#holders[s];
         if (h !== null && h?.node !== this.#leases.node) continue;
         const key = memberKey(this.#group, s);
-        if (!(await this.#leases.held(key))) continue;
+        // The count first: whoever sees us in the slot finds it recorded.
+        // A count key held by another node (one trying this slot with our
+        // count, or one that left and releases it after its slot) sends us
+        // to the next slot.
+        const ck = countKey(this.#group, s, this.#count);
+        if (!(await this.#leases.held(ck))) {
+          blocked = true;
+          continue;
+        }
+        let got = false;
+        try {
+          got = !this.#stop.signal.aborted && await this.#leases.held(key);
+        } finally {
+          if (!got) await this.#leases.release(ck).catch(() => {});
+        }
+        if (!got) continue;
         if (this.#stop.signal.aborted) {
           await this.#leases.release(key);
+          await this.#leases.release(ck);
           return;
         }
         this.#slot = s;
         this.#seenInSlot = this.#holders[s]?.node === this.#leases.node;
         if (this.#seenInSlot) this.#settled = true;
-        // The hold keeps the slot renewed (and out of `idleRelease`) and
-        // releases it when stopped.
+        // The holds keep the slot and count renewed (and out of
+        // `idleRelease`) and release them when stopped.
         this.#slotHold = this.#hold(key, () => {}, undefined, false);
+        this.#countHold = this.#hold(ck, () => {}, undefined, false);
+        this.#blocked = 0;
         this.#reconcile();
         return;
       }
-      // Every slot taken: a standby. A slot's watch reports when one frees.
+      // Every slot taken: a standby. A slot's watch reports when one frees,
+      // but not when a count key that kept us from a free slot goes: its
+      // holder releases it milliseconds after its slot, or it expires with
+      // the slot, so try again soon, backing off from 50 ms to TTL/3.
       this.#settled = true;
+      if (blocked) {
+        clearTimeout(this.#retry);
+        this.#retry = setTimeout(
+          () => this.#reconcile(),
+          Math.min(this.#leases.ttl / 3, 50 * 2 ** this.#blocked++),
+        );
+      }
     } catch (err) {
       if (this.#stop.signal.aborted) return;
       if (!(err instanceof UnavailableError)) return this.#fail(err);
@@ -675,24 +1059,58 @@ class Member {
   #reconcile(): void {
     if (this.#ended) return;
     if (this.#heard < this.#slots) return;
-    const members = [
-      ...new Set(
-        this.#holders.flatMap((h) => h ? [h.node] : []),
-      ),
-    ].sort();
-    const id = members.join("\u0000");
+    // Counts (see "Count agreement"): a node whose count is being read
+    // holds every decision back (a few milliseconds), since it may be the
+    // longest-standing member and make us fail; until then the shards we
+    // hold stay held. One whose count differs is no member to us.
+    const members = new Set<string>();
+    let oldest:
+      | { epoch: number; count: number; slot: number; node: string }
+      | undefined;
+    this.#pending = false;
+    for (let s = 0; s < this.#slots; s++) {
+      const h = this.#holders[s];
+      if (!h) continue;
+      let count: number | null | undefined = this.#count;
+      if (h.node === this.#leases.node) {
+        members.add(h.node);
+        // Our own slot counts for its age once it shows us.
+        if (s !== this.#slot || !this.#seenInSlot) count = null;
+      } else {
+        count = this.#peers[s]?.count;
+        if (count === undefined) this.#pending = true;
+        else if (count === null || count === this.#count) members.add(h.node);
+      }
+      if (typeof count === "number" && (!oldest || h.epoch < oldest.epoch)) {
+        oldest = { epoch: h.epoch, count, slot: s, node: h.node };
+      }
+    }
+    if (this.#pending) return;
+    if (oldest && oldest.count !== this.#count) {
+      return this.#fail(
+        new ShardCountMismatchError(
+          this.#group,
+          this.#count,
+          oldest.count,
+          countKey(this.#group, oldest.slot, oldest.count),
+          oldest.node,
+        ),
+      );
+    }
+    const sorted = [...members].sort();
+    const id = sorted.join("\u0000");
     if (id !== this.#members.join("\u0000")) {
-      this.#members = members;
+      this.#members = sorted;
       this.#changed();
     }
     if (this.#slot === undefined) void this.#join();
     const mine = this.#slot !== undefined && this.#seenInSlot &&
-      members.includes(this.#leases.node);
+      members.has(this.#leases.node);
     const targetOf = mine ? id : "";
     if (targetOf !== this.#targetOf) {
       this.#targetOf = targetOf;
       this.#target = new Set(
-        mine ? assignShards(this.#count, members).get(this.#leases.node) : [],
+        mine ? assignShards(this.#count, sorted).get(this.#leases.node) : [],
       );
     }
     for (const [shard, c] of this.#holds) {
@@ -712,8 +1130,9 @@ class Member {
 
   #startShard(shard: number): void {
     const key = shardKey(this.#group, shard);
-    const c = this.#hold(key, (lease) => {
-      if (this.#holds.get(shard) !== c || lease.signal.aborted) return;
+    const c = this.#hold(key, (held) => {
+      if (this.#holds.get(shard) !== c || held.signal.aborted) return;
+      const lease = new OwnedShard(held, this.#leases, this.#group, shard);
       this.#owned.set(shard, lease);
       lease.signal.addEventListener("abort", () => {
         if (this.#owned.get(shard) === lease) this.#owned.delete(shard);
@@ -729,7 +1148,9 @@ class Member {
     for (;;) {
       if (this.#failure) throw this.#failure.error;
       if (this.#ended) return null;
-      if (this.#dirty && this.#settled && !this.#joining) {
+      if (
+        this.#dirty && this.#settled && !this.#joining && !this.#pending
+      ) {
         this.#dirty = false;
         const a = this.#assignment();
         if (a) return a;
@@ -750,7 +1171,7 @@ class Member {
       last.owned.size === owned.size &&
       [...owned].every(([s, l]) => last.owned.get(s) === l)
     ) return null;
-    const before = last?.owned ?? new Map<number, Lease>();
+    const before = last?.owned ?? new Map<number, OwnedShard>();
     const added = [...owned].filter(([s, l]) => before.get(s) !== l).map((
       [s],
     ) => s);
@@ -764,7 +1185,8 @@ class Member {
   /**
    * Leaves the group: stops every watch and shard hold (each shard's
    * lease signal aborts at once) and releases the shards, then the slot,
-   * and resolves when nothing of this iteration runs any more. Shards go
+   * then its count key, and resolves when nothing of this iteration runs
+   * any more. Shards go
    * first so that the others, who take them when they see the slot free,
    * find them free already: one compare-and-set each, instead of waiting
    * on a watch they would first have to open.
@@ -777,16 +1199,24 @@ class Member {
       this.#end();
       this.#signal?.removeEventListener("abort", this.#onAbort);
       const slot = this.#slotHold;
+      const count = this.#countHold;
       for (;;) {
-        const shardTasks = [...this.#tasks].filter((t) => t !== slot?.done);
+        const shardTasks = [...this.#tasks].filter((t) =>
+          t !== slot?.done && t !== count?.done
+        );
         if (shardTasks.length === 0) break;
         await Promise.all(shardTasks);
       }
       slot?.stop.abort();
+      await slot?.done;
+      count?.stop.abort();
       while (this.#tasks.size > 0) await Promise.all([...this.#tasks]);
       if (this.#slot !== undefined) {
         await this.#leases.release(memberKey(this.#group, this.#slot))
           .catch(() => {});
+        await this.#leases.release(
+          countKey(this.#group, this.#slot, this.#count),
+        ).catch(() => {});
       }
       if (this.#registered) groupsInUse.get(this.#leases)?.delete(this.#group);
     })().finally(done);

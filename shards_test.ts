@@ -18,15 +18,19 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import {
   assignShards,
   createLeaseManager,
-  type Lease,
   type LeaseManager,
   memberKey,
+  NotHolderError,
   type ShardAssignment,
   shardKey,
   shards,
+  UnavailableError,
 } from "./mod.ts";
+// Not yet re-exported by mod.ts.
+import { ShardCountMismatchError, type ShardLease } from "./shards.ts";
 import { conn, eventually, sleep, uniq } from "./test_util/lease_helpers.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
+import { NatsProxy } from "./test_util/proxy.ts";
 
 const TTL = 1000;
 const COUNT = 16;
@@ -151,7 +155,9 @@ describe("assignShards", () => {
     // Only the method checks read properties; nothing was called.
     shards(fake, "g", { count: 4 }); // valid: returns without calling
     assert.ok(
-      touched.every((p) => ["guard", "watch", "held", "release"].includes(p)),
+      touched.every((p) =>
+        ["guard", "watch", "held", "holder", "release"].includes(p)
+      ),
     );
   });
 });
@@ -228,8 +234,12 @@ describe("shards on a real server", () => {
     await ns?.[Symbol.asyncDispose]();
   });
 
-  async function manager(node: string, bucket: string): Promise<LeaseManager> {
-    const nc = await conn(ns.url);
+  async function manager(
+    node: string,
+    bucket: string,
+    url = ns.url,
+  ): Promise<LeaseManager> {
+    const nc = await conn(url);
     conns.push(nc);
     const m = await createLeaseManager({ nc, node, bucket, ttl: TTL });
     managers.push(m);
@@ -255,16 +265,14 @@ describe("shards on a real server", () => {
     const stop = new AbortController();
     const seen: ShardAssignment[] = [];
     const writers: Promise<void>[] = [];
-    const write = async (s: number, lease: Lease) => {
+    const write = async (s: number, lease: ShardLease) => {
       while (!lease.signal.aborted && store) {
         try {
-          await leases.guard(
-            lease.key,
-            (l) => store.write(s, node, l.epoch),
-            { signal: lease.signal, check: "lease" },
-          );
+          await lease.guard((l) => store.write(s, node, l.epoch), {
+            check: "lease",
+          });
         } catch {
-          // refused: moved away, or the signal aborted
+          // refused: moved away
         }
         await sleep(writeMs);
       }
@@ -490,7 +498,8 @@ describe("shards on a real server", () => {
     const r = await leases.close();
     await loop;
     for (const l of owned) assert.equal(l.signal.aborted, true);
-    assert.equal(r.released.length + r.unreleased.length, 5); // 4 shards, 1 slot
+    // 4 shards, the slot, and the count key beside it.
+    assert.equal(r.released.length + r.unreleased.length, 6);
     assert.equal(await consumers(bucket), 0);
 
     const other = await manager("d", bucket);
@@ -673,6 +682,332 @@ describe("shards on a real server", () => {
     await l2;
     assert.equal(await two.holder(memberKey("jobs", 0)), null);
     assert.equal(await two.holder(shardKey("jobs", 0)), null);
+  });
+
+  test("shards() fails a member whose count differs from the group's with ShardCountMismatchError before it takes any key, and the others leave out a member that holds a slot with another count", async () => {
+    const bucket = uniq("shm");
+    const a = await manager("a", bucket);
+    const stop = new AbortController();
+    const seenA: ShardAssignment[] = [];
+    const loopA = (async () => {
+      for await (
+        const x of shards(a, "jobs", { count: 4, signal: stop.signal })
+      ) seenA.push(x);
+    })();
+    const c = await manager("c", bucket);
+    const seenC: ShardAssignment[] = [];
+    let loopC: Promise<void> | undefined;
+    try {
+      await eventually(
+        () => seenA.at(-1)?.owned.size === 4,
+        10 * TTL,
+        "a owns all four",
+      );
+      const kept = [...seenA.at(-1)!.owned.values()];
+
+      // b, given count 8, joins a group whose member a records count 4.
+      const b = await manager("b", bucket);
+      const acquired: string[] = [];
+      b.addEventListener("acquired", (e) => acquired.push(e.key));
+      const seenB: ShardAssignment[] = [];
+      const t0 = performance.now();
+      const loopB = (async () => {
+        for await (const x of shards(b, "jobs", { count: 8 })) seenB.push(x);
+      })();
+      // b decides on its first full view of the slots and one read of a's
+      // count key: no expiry or grace is involved, so two TTLs only tell a
+      // member that never notices from a slow one.
+      const outcome = await Promise.race([
+        loopB.then(() => "ended without an error", (err: unknown) => err),
+        sleep(2 * TTL).then(() => "still running after 2 TTLs"),
+      ]);
+      const failedAfter = performance.now() - t0;
+      assert.ok(
+        outcome instanceof ShardCountMismatchError,
+        `b's iteration: ${outcome}`,
+      );
+      assert.equal(outcome.name, "ShardCountMismatchError");
+      assert.ok(outcome instanceof RangeError);
+      assert.equal(outcome.group, "jobs");
+      assert.equal(outcome.asked, 8);
+      assert.equal(outcome.recorded, 4);
+      assert.equal(outcome.holder, "a");
+      assert.match(outcome.key, /^jobs\.members\.\d+\.n4$/);
+      assert.match(outcome.message, /count 8.*'a' records count 4/);
+      // It yielded nothing and took no key: no shard, not even a slot.
+      assert.deepEqual(seenB, []);
+      assert.deepEqual(acquired, []);
+      assert.deepEqual(await b.close(), { released: [], unreleased: [] });
+
+      // A member of count 8 that took its slot before it could see a (its
+      // count key first, then the slot, as a member joins): a reads its
+      // count and leaves it out.
+      const d = await manager("d", bucket);
+      const dSlot = seenA.at(-1)!.members.length; // the next free slot
+      assert.equal(await d.held(`${memberKey("jobs", dSlot)}.n8`), true);
+      assert.equal(await d.held(memberKey("jobs", dSlot)), true);
+      // c, of count 4, joins after it. Members decide nothing while a
+      // count they saw is unread, so once a and c split the shards, both
+      // have read d's count.
+      loopC = (async () => {
+        for await (
+          const x of shards(c, "jobs", { count: 4, signal: stop.signal })
+        ) seenC.push(x);
+      })();
+      await eventually(
+        () => seenA.at(-1)?.owned.size === 2 && seenC.at(-1)?.owned.size === 2,
+        10 * TTL,
+        "a and c own two shards each",
+      );
+      const split = [
+        ...seenA.at(-1)!.owned.keys(),
+        ...seenC.at(-1)!.owned.keys(),
+      ].sort();
+      assert.deepEqual(split, [0, 1, 2, 3]);
+      for (const x of [...seenA, ...seenC]) {
+        assert.ok(!x.members.includes("d"), `members ${x.members}`);
+      }
+      assert.deepEqual(seenA.at(-1)!.members, ["a", "c"]);
+      assert.deepEqual(seenC.at(-1)!.members, ["a", "c"]);
+      // a kept the two shards it still owns under their leases.
+      for (const [s, l] of seenA.at(-1)!.owned) {
+        assert.equal(l, kept[s], `shard ${s} kept`);
+      }
+      report("count mismatch", { failedAfter });
+    } finally {
+      stop.abort();
+      await Promise.all([loopA, loopC]);
+    }
+  });
+
+  test("shards() started at once with two counts: one member fails with ShardCountMismatchError, the other owns every shard of its count", async () => {
+    const bucket = uniq("shn");
+    const four = await manager("four", bucket);
+    const eight = await manager("eight", bucket);
+    const stop = new AbortController();
+    const seen = new Map<string, ShardAssignment[]>([["four", []], [
+      "eight",
+      [],
+    ]]);
+    const run = (leases: LeaseManager, count: number) =>
+      (async () => {
+        for await (
+          const x of shards(leases, "jobs", { count, signal: stop.signal })
+        ) seen.get(leases.node)!.push(x);
+      })().then(() => null, (err: unknown) => err);
+    const t0 = performance.now();
+    const loops = [run(four, 4), run(eight, 8)];
+    try {
+      // The first to fail; the other runs on.
+      const first = await Promise.race([
+        ...loops,
+        sleep(2 * TTL).then(() => "none failed within 2 TTLs"),
+      ]);
+      assert.ok(first instanceof ShardCountMismatchError, `${first}`);
+      const loser = first.asked === 4 ? "four" : "eight";
+      const winner = loser === "four" ? "eight" : "four";
+      const count = first.recorded;
+      assert.equal(first.holder, winner);
+      // A loser that took shards before it saw the winner releases them
+      // when it fails (milliseconds), or they expire: at worst TTL + grace.
+      await eventually(
+        () => seen.get(winner)!.at(-1)?.owned.size === count,
+        5 * TTL,
+        `${winner} owns all ${count}`,
+      );
+      const ownedAfter = performance.now() - t0;
+      assert.deepEqual(seen.get(winner)!.at(-1)!.members, [winner]);
+      for (const x of seen.get(winner)!) {
+        assert.ok(!x.members.includes(loser), `members ${x.members}`);
+      }
+      // The winner runs on.
+      stop.abort();
+      assert.equal(await loops[loser === "four" ? 1 : 0], null);
+      report("two counts at once", {
+        winner: `${winner} (count ${count})`,
+        ownedAll: ownedAfter,
+      });
+    } finally {
+      stop.abort();
+      await Promise.all(loops);
+    }
+  });
+
+  /**
+   * A member of `group` (8 shards) that, for each shard added, writes it
+   * back to back until the member leaves, as the review's worker did (the
+   * README's comment said nothing of stopping on `removed`): through
+   * `leases.guard(lease.key, write)`, the README's old comment (`how` =
+   * "key"), or `lease.guard(write)` ("lease").
+   */
+  async function backToBack(
+    node: string,
+    bucket: string,
+    how: "key" | "lease" | "none",
+    store: FencedStore,
+    url = ns.url,
+  ) {
+    const leases = await manager(node, bucket, url);
+    const stop = new AbortController();
+    const seen: ShardAssignment[] = [];
+    const errors: unknown[] = [];
+    const writers: Promise<void>[] = [];
+    let left = false, refused = 0;
+    const writer = async (s: number, lease: ShardLease) => {
+      const write = (l: { epoch: number }) => store.write(s, node, l.epoch);
+      while (!left) {
+        try {
+          await (how === "key"
+            ? leases.guard(lease.key, write)
+            : lease.guard(write));
+        } catch (err) {
+          if (
+            !(err instanceof NotHolderError || err instanceof UnavailableError)
+          ) throw err;
+          refused++;
+          // A refused guard sent nothing: pause so the loop does not spin.
+          await sleep(1);
+        }
+      }
+    };
+    const done = (async () => {
+      for await (
+        const a of shards(leases, "jobs", { count: 8, signal: stop.signal })
+      ) {
+        seen.push(a);
+        if (how === "none") continue;
+        for (const s of a.added) {
+          writers.push(
+            writer(s, a.owned.get(s)!).catch((e) => void errors.push(e)),
+          );
+        }
+      }
+      left = true;
+      await Promise.all(writers);
+    })();
+    return {
+      leases,
+      stop,
+      seen,
+      errors,
+      done,
+      latest: () => seen.at(-1),
+      refused: () => refused,
+    };
+  }
+
+  /**
+   * a owns all 8 shards and writes them back to back with `how`; b joins,
+   * so 4 of them move to b. b's compare-and-sets on shard keys reach the
+   * server 100 ms late (it sits behind a proxy that holds its outgoing
+   * frames then): a farther or busier member, as the review's freshly
+   * started worker process was, so that a guard of a's that acquires a
+   * released key at once wins the race every time instead of sometimes.
+   * Returns the moved shards that a holds 2 TTLs after it saw b: b takes
+   * a released shard within its 100 ms, so one still held by a then was
+   * taken back (and is kept: a's manager renews it in the background).
+   */
+  async function moveUnderWrites(how: "key" | "lease") {
+    const bucket = uniq(how === "key" ? "shr" : "shg");
+    const store = new FencedStore();
+    const a = await backToBack("a", bucket, how, store);
+    const proxy = await NatsProxy.start(ns.port);
+    const shardSubjects = `$KV.${bucket}.${shardKey("jobs", 0).slice(0, -1)}`;
+    proxy.onFrame = (f, dir) => {
+      if (dir === "up" && f.subject?.startsWith(shardSubjects)) {
+        proxy.holdFor("up", 100);
+      }
+    };
+    let b: Awaited<ReturnType<typeof backToBack>> | undefined;
+    const figures: Record<string, number | string> = {};
+    try {
+      await eventually(
+        () => a.latest()?.owned.size === 8,
+        10 * TTL,
+        "a owns all eight",
+      );
+      assert.deepEqual(a.errors, []);
+      // Past the grace of every shard, so that a release is clean.
+      await sleep(TTL + 100);
+      const moved = assignShards(8, ["a", "b"]).get("b")!;
+      const before = new Map(moved.map((s) => [s, a.latest()!.owned.get(s)!]));
+      b = await backToBack("b", bucket, "none", store, proxy.url);
+      const t0 = performance.now();
+      await eventually(
+        () => a.latest()?.members.length === 2,
+        5 * TTL,
+        "a sees b",
+      );
+      if (how === "lease") {
+        // Released cleanly once a's writes on them settled: taken within
+        // a TTL (b's 100 ms delay included), well before an entry could
+        // expire.
+        await eventually(
+          () => moved.every((s) => b!.latest()?.owned.has(s)),
+          TTL,
+          "b owns the shards that moved",
+        );
+        figures.movedToB = performance.now() - t0;
+      }
+      await sleep(2 * TTL);
+      assert.deepEqual(a.errors, []);
+      const holders = await Promise.all(
+        moved.map((s) => a.leases.holder(shardKey("jobs", s))),
+      );
+      const takenBack = moved.filter((_, i) => holders[i]?.node === "a");
+      // a's iterator no longer lists any of them, taken back or not.
+      for (const s of moved) assert.ok(!a.latest()!.owned.has(s), `${s}`);
+      if (how === "lease") {
+        assert.deepEqual(holders.map((h) => h?.node), moved.map(() => "b"));
+        // A guard through a lease of a shard that moved away refuses,
+        // with no write and without taking the key.
+        for (const [s, lease] of before) {
+          let wrote = false;
+          await assert.rejects(
+            lease.guard(() => wrote = true),
+            (err: unknown) =>
+              err instanceof NotHolderError && err.key === shardKey("jobs", s),
+          );
+          assert.equal(wrote, false);
+          assert.equal(
+            (await a.leases.holder(shardKey("jobs", s)))?.node,
+            "b",
+          );
+        }
+        await assert.rejects(
+          before.get(moved[0]!)!.guard(7 as never),
+          TypeError,
+        );
+        figures.refusals = String(a.refused());
+      }
+      assert.deepEqual(store.violations, []);
+      figures.takenBack = `${takenBack.length} of ${moved.length}`;
+      figures.writes = String(store.writes);
+      return { takenBack, figures };
+    } finally {
+      a.stop.abort();
+      await a.done;
+      // a's manager may hold shards its iterator does not know of.
+      await a.leases.close();
+      b?.stop.abort();
+      await b?.done;
+      await proxy.close();
+    }
+  }
+
+  test("ShardLease.guard() refuses once its shard moved away and never takes it back, where leases.guard(lease.key, write) back to back takes moved shards back from their new owner", async () => {
+    // The README's old comment: the guards in flight when a shard moves
+    // wait for its release, then acquire the free key before b's waiting
+    // guard hears of it. The control shows this setup catches that.
+    const old = await moveUnderWrites("key");
+    report("move under back-to-back writes, leases.guard(key)", old.figures);
+    assert.ok(
+      old.takenBack.length > 0,
+      "control: no moved shard was taken back through leases.guard(key, write); the setup no longer races as the review saw",
+    );
+    const safe = await moveUnderWrites("lease");
+    report("move under back-to-back writes, lease.guard()", safe.figures);
+    assert.deepEqual(safe.takenBack, []);
   });
 
   test("lease shards GROUP --count N prints the members and each shard's owner, as text and --json; bad input exits 64 before connecting", async () => {

@@ -13,14 +13,16 @@
 //
 // Environment: NATS_URL (comma-separated), LEASE_BUCKET, LEASE_TTL,
 // SHARDS_GROUP, SHARDS_COUNT, LEASE_NODE, SHARDS_WRITE_MS (each owned shard
-// is written every this many ms with check: "lease"; 0: no writes).
+// is written every this many ms through its lease's guard, with check:
+// "lease"; 0: no writes).
 //
 // On SIGTERM the member leaves (the signal aborts), closes the manager and
 // the connection, prints "closed" and must then exit by itself: a timer or
 // a consumer left behind would keep it alive.
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
-import { createLeaseManager, type Lease, shards } from "../mod.ts";
+import { createLeaseManager, shards } from "../mod.ts";
+import type { ShardLease } from "../shards.ts";
 
 const env = process.env;
 const now = () => performance.timeOrigin + performance.now();
@@ -71,14 +73,14 @@ const sleep = (ms: number, signal: AbortSignal) =>
   });
 
 /** Writes shard `s` every writeMs until its lease's signal aborts. */
-async function writer(s: number, lease: Lease): Promise<void> {
+async function writer(s: number, lease: ShardLease): Promise<void> {
   while (!lease.signal.aborted) {
     try {
-      await leases.guard(lease.key, (l) => {
+      await lease.guard((l) => {
         const a = now();
         l.throwIfLost();
         writes.push([s, l.epoch, a, now()]);
-      }, { signal: lease.signal, check: "lease" });
+      }, { check: "lease" });
     } catch {
       // Refused (moved away, unavailable): the loop condition decides.
     }
