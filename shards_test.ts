@@ -728,6 +728,24 @@ describe("shards on a real server", () => {
       );
       assert.equal(outcome.name, "ShardCountMismatchError");
       assert.ok(outcome instanceof RangeError);
+      // A smaller count than the group's fails as a larger one does.
+      const smaller = await manager("d", bucket);
+      try {
+        const small = await Promise.race([
+          (async () => {
+            for await (const _ of shards(smaller, "jobs", { count: 2 })) {
+              // nothing: it must fail before it yields
+            }
+          })().then(() => "ended without an error", (err: unknown) => err),
+          sleep(2 * TTL).then(() => "still running after 2 TTLs"),
+        ]);
+        assert.ok(
+          small instanceof ShardCountMismatchError,
+          `d's iteration: ${small}`,
+        );
+      } finally {
+        await smaller.close();
+      }
       assert.equal(outcome.group, "jobs");
       assert.equal(outcome.asked, 8);
       assert.equal(outcome.recorded, 4);

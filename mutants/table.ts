@@ -239,4 +239,18 @@ export const MUTANTS: readonly Mutant[] = [
     test: "semaphore_test.ts",
     what: "a slot is taken without checking that the turnstile is still held",
   },
+  // --- shards.ts -----------------------------------------------------------
+  {
+    id: "H1",
+    file: "shards.ts",
+    find: `    if (oldest && oldest.count !== this.#count) {`,
+    replace: `    if (oldest && oldest.count < this.#count) {`,
+    test: "shards_test.ts",
+    name: "count differs from the group's",
+    what: "a member with a smaller count than the group's is let in",
+  },
+  // Not in the table: the shard lease's guard follows the lease's signal
+  // and checks the tenure its write runs under; each mutant removing one of
+  // the two survived (the other refuses), so they guard each other and no
+  // test tells them apart yet.
 ];
