@@ -19,6 +19,7 @@ import {
   type LeaseManager,
   LeaseReleasedEvent,
   LeaseRenewedEvent,
+  type NotHolderError,
   RenewalFailedEvent,
 } from "./mod.ts";
 import {
@@ -136,7 +137,9 @@ describe("events and health()", () => {
     for (const e of of(seen, "renewed")) {
       assert.ok(e instanceof LeaseRenewedEvent);
       assert.deepEqual([e.key, e.epoch], ["k", epoch]);
-      assert.ok(e.duration >= 0 && e.duration < ttl, `${e.duration} ms`);
+      // A round trip to the server, on a clock of microseconds: more than
+      // nothing, and confirmed within the deadline.
+      assert.ok(e.duration > 0 && e.duration < ttl, `${e.duration} ms`);
     }
     // A CAS guard every 50 ms renews the key itself: for one TTL the timer
     // never comes due, so nothing is dispatched.
@@ -171,6 +174,65 @@ describe("events and health()", () => {
       ["k", epoch, "overwritten", "intruder"],
     );
     assert.equal(a.health().held, 0);
+  });
+
+  test("a key deleted behind its holder: lost (deleted); the next takes it found removed, owing 2 TTL of grace; released inside that grace: released (not clean), its entry left to expire", async () => {
+    const bucket = uniq("ev");
+    const ttl = 1500;
+    const a = await manager("a", bucket, ttl);
+    const b = await manager("b", bucket, ttl);
+    const seenA = record(a);
+    const seenB = record(b);
+    const epochA = await guardUntil(a, "k", (l) => l.epoch, 5000);
+    const kv = await new Kvm(conns.at(-1)!).open(bucket);
+    // Someone else's delete (untagged): a's next renewal (TTL/3) finds it.
+    await kv.delete("k");
+    await eventually(
+      () => of(seenA, "lost").length > 0,
+      ttl,
+      "a's loss to be reported",
+    );
+    const [lost] = of(seenA, "lost");
+    assert.deepEqual(
+      [lost?.key, lost?.epoch, lost?.reason, lost?.holder],
+      ["k", epochA, "deleted", undefined],
+    );
+    // b takes the key, but a deleted entry's holder may still be inside
+    // its deadline (one TTL), and then owed the grace (one TTL): b may not
+    // write for 2 TTL.
+    await assert.rejects(b.guard("k", () => {}), (err: NotHolderError) => {
+      assert.equal(err.name, "NotHolderError");
+      assert.ok(
+        err.retryAfter !== undefined && err.retryAfter > ttl,
+        `retryAfter ${err.retryAfter}`,
+      );
+      return true;
+    });
+    await sleep(10);
+    const [took] = of(seenB, "acquired");
+    assert.ok(took instanceof LeaseAcquiredEvent);
+    assert.deepEqual(
+      [took.key, took.found, took.grace],
+      ["k", "removed", 2 * ttl],
+    );
+    assert.ok(took.epoch > epochA, `${took.epoch} after ${epochA}`);
+    // Released inside its grace: a write of the holder before a may still
+    // land, so b deletes nothing and says so.
+    await b.release("k");
+    await sleep(10);
+    const [released] = of(seenB, "released");
+    assert.ok(released instanceof LeaseReleasedEvent);
+    assert.deepEqual(
+      [released.key, released.epoch, released.tenure, released.clean],
+      ["k", took.epoch, took.tenure, false],
+    );
+    const entry = await kv.get("k");
+    assert.deepEqual(
+      [entry?.operation, entry?.string()],
+      ["PUT", "b"],
+      "an unclean release must leave its entry to expire",
+    );
+    assert.deepEqual(of(seenB, "lost"), [], "a release is not a loss");
   });
 
   test("a paused server: renewal-failed with the time left, lost (expired), health() bad while paused and good after", async () => {

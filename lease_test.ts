@@ -827,6 +827,26 @@ describe("lease manager on one server", () => {
       });
     }
 
+    test("createLeaseManager() rejects a TTL above the longest timer (2^31 - 1 ms) with RangeError and sends nothing; the bound itself is taken", async () => {
+      // Timers (setTimeout) take at most 2^31 - 1 ms; a longer delay fires
+      // at once, so a renewal timer of a longer TTL would spin.
+      const longest = 2 ** 31 - 1;
+      const out = nc.stats().outMsgs;
+      await assert.rejects(
+        createLeaseManager({ nc, node: "a", ttl: longest + 1 }),
+        (e) =>
+          e instanceof RangeError &&
+          /'ttl' must be .* to 2147483647: received 2147483648$/.test(
+            e.message,
+          ),
+      );
+      assert.equal(nc.stats().outMsgs, out);
+      const bucket = uniq("b");
+      const m = await manager({ node: "a", bucket, ttl: longest });
+      assert.equal(m.ttl, longest);
+      assert.equal((await (await rawKv(nc, bucket)).status()).ttl, longest);
+    });
+
     test("createLeaseManager() rejects a missing connection with TypeError", async () => {
       await assert.rejects(
         createLeaseManager({ node: "a" } as LeaseManagerOptions),
@@ -1024,6 +1044,62 @@ describe("lease manager under server faults", () => {
       // than a TTL after it, however loaded the machine (a late event loop
       // makes the writes stop sooner, not later).
       assert.ok(last <= TTL, `writes went on for ${last} ms`);
+    } finally {
+      await ns.resume();
+      await m.close();
+      await nc.close();
+    }
+  });
+
+  test("health(): a renewal overdue by more than TTL/3 is overdue, not expiring, while the deadline is further than the margin; a margin longer than the time left is expiring, not overdue", async () => {
+    await using ns = await NatsServer.start();
+    const nc = await conn(ns.url);
+    const ttl = 3000;
+    const m = await createLeaseManager({
+      nc,
+      node: "a",
+      bucket: uniq("b"),
+      ttl,
+      restartGrace: false,
+      // A renewal waits for its answer up to a TTL: unanswered, it stays
+      // due. (With the default, TTL/4, an unanswered renewal is retried and
+      // its due time moves on, so a paused server shows as expiring only.)
+      timeout: ttl,
+    });
+    try {
+      await m.guard("k", () => {});
+      // Renewed on time, but a deadline at most a TTL away is always
+      // within a margin of a TTL.
+      const wide = m.health({ margin: ttl });
+      assert.deepEqual(
+        [wide.ok, wide.overdue, wide.expiring],
+        [false, [], ["k"]],
+        JSON.stringify(wide),
+      );
+      // A margin of TTL/10: the renewal (due TTL/3 after the last one) is
+      // overdue TTL/3 later, when the deadline is still TTL/3 away, more
+      // than the margin. The server paused, the renewal is not answered.
+      const margin = ttl / 10;
+      assert.ok(m.health({ margin }).ok, JSON.stringify(m.health({ margin })));
+      await ns.pause();
+      let h = m.health({ margin });
+      const t0 = performance.now();
+      while (h.overdue.length === 0 && performance.now() - t0 < ttl) {
+        await sleep(10);
+        h = m.health({ margin });
+      }
+      const at = performance.now() - t0;
+      assert.deepEqual(
+        [h.ok, h.connected, h.held, h.overdue, h.expiring],
+        [false, true, 1, ["k"], []],
+        `${Math.round(at)} ms into the pause: ${JSON.stringify(h)}`,
+      );
+      // Then the deadline comes within the margin: expiring too.
+      while (h.expiring.length === 0 && performance.now() - t0 < 2 * ttl) {
+        await sleep(10);
+        h = m.health({ margin });
+      }
+      assert.deepEqual([h.overdue, h.expiring], [["k"], ["k"]]);
     } finally {
       await ns.resume();
       await m.close();

@@ -12,6 +12,7 @@ import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import process from "node:process";
+import { readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { jetstreamManager } from "@nats-io/jetstream";
@@ -19,6 +20,7 @@ import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
   type CollectionResult,
+  DataPointType,
   MeterProvider,
   MetricReader,
 } from "@opentelemetry/sdk-metrics";
@@ -77,6 +79,57 @@ function point(
     JSON.stringify(Object.entries(p.attrs).sort()) ===
       JSON.stringify(Object.entries(attrs).sort())
   );
+}
+
+/**
+ * The instruments of the Markdown table in `file` (lines after `prefix`):
+ * name to kind and unit.
+ */
+function documentedInstruments(
+  file: string,
+  prefix: string,
+): Map<string, { kind: string; unit: string | undefined }> {
+  const text = readFileSync(new URL(file, import.meta.url), "utf8");
+  const out = new Map<string, { kind: string; unit: string | undefined }>();
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(prefix)) continue;
+    const row = /^\| `(lease\.[a-z.]+)` +\| (\w+) +\| `([^`]+)` +\|/.exec(
+      line.slice(prefix.length),
+    );
+    if (row) out.set(row[1]!, { kind: row[2]!, unit: row[3]! });
+  }
+  return out;
+}
+
+/** The SDK's type and unit of every metric collected, by name. */
+async function descriptors(
+  reader: Reader,
+): Promise<Map<string, { type: string; unit: string }>> {
+  const { resourceMetrics, errors } = await reader.collect();
+  assert.deepEqual(errors, []);
+  const out = new Map<string, { type: string; unit: string }>();
+  for (const scope of resourceMetrics.scopeMetrics) {
+    for (const m of scope.metrics) {
+      const type = m.dataPointType === DataPointType.HISTOGRAM
+        ? "histogram"
+        : m.dataPointType === DataPointType.SUM
+        ? m.isMonotonic ? "monotonic sum" : "sum"
+        : DataPointType[m.dataPointType];
+      out.set(m.descriptor.name, { type, unit: m.descriptor.unit });
+    }
+  }
+  return out;
+}
+
+/** What the SDK reports of an instrument of `kind`, as `descriptors` names it. */
+function reported(kind: string): string {
+  return /Histogram/.test(kind)
+    ? "histogram"
+    : /UpDownCounter/.test(kind)
+    ? "sum"
+    : /Counter/.test(kind)
+    ? "monotonic sum"
+    : `(a kind not in the table: ${kind})`;
 }
 
 describe("instrument()", () => {
@@ -330,6 +383,67 @@ describe("instrument()", () => {
       })?.count,
       2,
     );
+  });
+
+  test("every instrument has the name, kind and unit docs/observability.md and instrument()'s JSDoc give it, as made and as the SDK reports it", async () => {
+    const documented = [
+      documentedInstruments("docs/observability.md", ""),
+      documentedInstruments("otel.ts", " * "),
+    ];
+    assert.equal(documented[0]!.size, 7, "the table of docs/observability.md");
+    assert.deepEqual(documented[1], documented[0], "otel.ts against the docs");
+    const doc = documented[0]!;
+    // What instrument() asks the meter for, seen on its way to a real
+    // SDK meter.
+    const reader = new Reader();
+    const provider = new MeterProvider({ readers: [reader] });
+    providers.push(provider);
+    const real = provider.getMeter("units");
+    const made = new Map<string, { kind: string; unit: string | undefined }>();
+    const meter = new Proxy(real, {
+      get(target, prop) {
+        const v = Reflect.get(target, prop);
+        if (typeof v !== "function") return v;
+        const kind = typeof prop === "string" && /^create(\w+)$/.exec(prop);
+        if (!kind) return v.bind(target);
+        return (name: string, options?: { unit?: string }) => {
+          assert.ok(!made.has(name), `${name} made twice`);
+          made.set(name, { kind: kind[1]!, unit: options?.unit });
+          return v.call(target, name, options);
+        };
+      },
+    });
+    const bucket = uniq("otel");
+    const other = await manager("other", bucket);
+    const m = instrument(await manager("u", bucket), { meter });
+    assert.deepEqual(made, doc);
+    // Every instrument but lease.renewal.failures recorded once at least,
+    // so that the SDK reports it with its descriptor.
+    await acquire(m, "k");
+    await acquire(other, "x");
+    await assert.rejects(m.guard("x", () => {}), { name: "NotHolderError" });
+    let got = new Map<string, { type: string; unit: string }>();
+    await eventually(
+      async () => {
+        got = await descriptors(reader);
+        return got.has("lease.renewal.duration");
+      },
+      3000,
+      "a renewal to be timed (TTL/3 = 333 ms)",
+    );
+    assert.deepEqual(
+      [...got.keys()].sort(),
+      [...doc.keys()].filter((n) => n !== "lease.renewal.failures").sort(),
+    );
+    for (const [name, d] of got) {
+      const want = doc.get(name)!;
+      assert.deepEqual(
+        d,
+        { type: reported(want.kind), unit: want.unit },
+        name,
+      );
+    }
+    m.stop();
   });
 
   test("perKey adds lease.key to guards and transitions; bad options throw TypeError", async () => {
