@@ -202,9 +202,11 @@
  *    another process (a restart, or another server of the cluster), each
  *    held key's last entry is read from the stream leader before anything
  *    else is sent on it: our own entry at the revision we last confirmed
- *    proves it kept; anything else at or below that revision proves the
- *    server lost writes it acknowledged, so revisions and epochs repeat
- *    and the manager stops for good (as for a re-created bucket, 7). A
+ *    proves it kept; anything else at or below that revision, or no entry
+ *    at all in a read sent before our deadline (our entry cannot have
+ *    expired yet), proves the server lost writes it acknowledged, so
+ *    revisions and epochs repeat and the manager stops for good (as for a
+ *    re-created bucket, 7). A
  *    reply to a write sent before the drop and received after it is not
  *    trusted: it may have been applied by the new process over a revision
  *    it reused. Nor is our entry above the revision we last confirmed when
@@ -219,7 +221,14 @@
  *    once, a renewal within TTL/3), and lease-checked writes until then
  *    are outside the guarantee; a holder connected to a cluster server
  *    that kept running while the servers holding the stream lost a tail
- *    is not suspended; and the successor's epoch may equal the lost
+ *    is not suspended, nor is one whose server is a leaf node of the one
+ *    with the bucket (it sees no drop when that one restarts): each
+ *    notices at its next renewal (within TTL/3), where a key with no
+ *    entry, or with a revision below its own, stops the manager for good
+ *    (a renewal's CAS that finds our own revision reused by the successor
+ *    succeeds, and only `tenure` tells the two apart), and its
+ *    lease-checked writes until then are outside the guarantee; and the
+ *    successor's epoch may equal the lost
  *    holder's, so a store that refuses only older epochs accepts both
  *    tenures' writes (before and after the restart) under one epoch.
  *    A process paused across the restart may also run a write's commit
@@ -2130,6 +2139,10 @@ class Manager extends EventTarget implements LeaseManager {
   async #verify(st: KeyState): Promise<void> {
     const t = st.tenure!;
     const downs = this.#downs;
+    // Our entry cannot have expired on the server before our deadline
+    // (expiry is never early, 3), so no entry at all in a read sent before
+    // it means the server lost our writes, as an older entry would.
+    const sentInTenure = this.#port.now() < t.validUntil;
     let seen: Seen | null;
     try {
       seen = await this.#read(st.subject, undefined, true);
@@ -2154,12 +2167,20 @@ class Manager extends EventTarget implements LeaseManager {
       t.crossed = false;
       return;
     }
-    if (seen !== null && seen.seq <= st.rev) {
+    if (
+      (seen === null && sentInTenure) || (seen !== null && seen.seq <= st.rev)
+    ) {
       this.#goDefunct(
-        `the server lost writes it had acknowledged: revision ${st.rev} of '${st.key}' was ours, and after the connection came back the key's last revision is ${seen.seq}${
-          ours
-            ? ""
-            : ` (${seen.kind === "put" ? `held by ${seen.node}` : "no holder"})`
+        `the server lost writes it had acknowledged: revision ${st.rev} of '${st.key}' was ours, and after the connection came back the key ${
+          seen === null
+            ? "has no entry at all, which an expiry cannot explain before our deadline"
+            : `'s last revision is ${seen.seq}${
+              ours
+                ? ""
+                : ` (${
+                  seen.kind === "put" ? `held by ${seen.node}` : "no holder"
+                })`
+            }`
         } (run nats-server with jetstream { sync_interval: always }), so revisions and epochs repeat; this manager vouches for nothing more`,
       );
       throw new UnavailableError(st.key, this.#defunct!);
@@ -2171,7 +2192,8 @@ class Manager extends EventTarget implements LeaseManager {
       t.suspended = false;
       return;
     }
-    // Gone without a trace (a purge), another node's, or ours but possibly
+    // Gone without a trace after our deadline (an expiry), another node's,
+    // or ours but possibly
     // applied on another holder's reused revision: this tenure is over.
     if (ours) {
       t.end(
@@ -3108,9 +3130,21 @@ class Manager extends EventTarget implements LeaseManager {
       const at = res.conflict;
       if (at > 0 && at < st.rev) {
         // The key's last revision is below one we wrote: only a new stream
-        // numbers like that.
+        // numbers like that, or one that lost the writes it acknowledged.
         this.#goDefunct(
-          `the bucket '${this.bucket}' was deleted and re-created (key '${st.key}' at revision ${at} after our ${st.rev}), so its epochs restarted`,
+          `the bucket '${this.bucket}' was deleted and re-created, or its server lost writes it had acknowledged (key '${st.key}' at revision ${at} after our ${st.rev}), so its epochs restarted`,
+        );
+        throw new UnavailableError(st.key, this.#defunct!);
+      }
+      if (at === 0 && sent < st.tenure!.validUntil) {
+        // No entry at all, in answer to a CAS sent before our deadline: our
+        // entry cannot have expired yet (3), and a delete or purge through
+        // the KV API leaves an entry. So the server lost the writes it
+        // acknowledged, which point 10 sees only through a dropped
+        // connection: a client whose server is a leaf node of the one with
+        // the bucket sees none when that one restarts.
+        this.#goDefunct(
+          `the server lost writes it had acknowledged: revision ${st.rev} of '${st.key}' was ours, and the key has no entry at all, which an expiry cannot explain before our deadline (run nats-server with jetstream { sync_interval: always }), so revisions and epochs repeat; this manager vouches for nothing more`,
         );
         throw new UnavailableError(st.key, this.#defunct!);
       }

@@ -11,12 +11,16 @@ import { after, describe } from "node:test";
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
 import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
 import * as net from "node:net";
+import * as os from "node:os";
+import * as path from "node:path";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import {
   createLeaseManager,
+  type GuardCheck,
   type LeaseManager,
   UnavailableError,
 } from "./mod.ts";
@@ -26,8 +30,9 @@ import {
   guardUntil,
   sleep,
   uniq,
+  versionOf,
 } from "./test_util/lease_helpers.ts";
-import { NatsServer } from "./test_util/nats_server.ts";
+import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
 import { type LeaseRun, startLease as lease } from "./test_util/cli_run.ts";
 
 /**
@@ -44,10 +49,10 @@ const TTL = 4000;
  */
 const PROMPT = 1000;
 
-/** Prints measured figures (ms). */
-function report(what: string, figures: Record<string, number>): void {
+/** Prints measured figures (numbers in ms). */
+function report(what: string, figures: Record<string, number | string>): void {
   const text = Object.entries(figures).map(([k, v]) =>
-    `${k}=${Math.round(v)} ms`
+    typeof v === "number" ? `${k}=${Math.round(v)} ms` : `${k}=${v}`
   ).join(", ");
   console.log(`  [figures] ${what}: ${text}`);
 }
@@ -423,4 +428,314 @@ describe("leases across a leaf node, JetStream domain 'hub'", () => {
       await watch.exited;
     }
   });
+});
+
+const VERSION = versionOf(natsServerBinary());
+
+/**
+ * The lost-tail scenario's TTL: renewals every second, and the hub's
+ * restart (a few hundred ms) plus the leaf's way back to it (the leaf
+ * retries its hub every second) end well inside one TTL of the holder's
+ * last renewal.
+ */
+const TAIL_TTL = 3000;
+
+/**
+ * How much later than one renewal interval (TTL/3) after the restored hub
+ * first answers the leaf the holder may still write. While its deadline
+ * runs, a failed renewal is retried every TTL/10; one that left just
+ * before the hub answered and went unanswered waits out its timeout
+ * (TTL/4) first: TTL/4 + TTL/10 = 1050 ms. Then a slot of the renewal
+ * timer (50 ms), a round trip through the leaf, and the scheduling of a
+ * shared 2-core machine.
+ */
+const TAIL_SLACK = 250;
+
+/**
+ * How many times the edge renews `k` before the hub is killed. The hub
+ * client's revision of `k` when the edge's first compare-and-set after the
+ * restart lands: its acquire's, plus one per renewal in the at most ~2 s
+ * until then (the leaf retries its hub every second, the edge its renewal
+ * within TTL/3), so two more at most; the edge's is its epoch plus this.
+ */
+const RENEWALS = 4;
+
+/** Resolves with the time at which `$JS.hub.API` first answers on `nc`. */
+async function hubAnswers(nc: NatsConnection): Promise<number> {
+  for (;;) {
+    try {
+      await nc.request("$JS.hub.API.INFO", undefined, { timeout: 200 });
+      return performance.now();
+    } catch {
+      await sleep(5);
+    }
+  }
+}
+
+/** Whether `pred` holds within `ms`. */
+async function within(pred: () => boolean, ms: number): Promise<boolean> {
+  const end = performance.now() + ms;
+  while (!pred()) {
+    if (performance.now() > end) return false;
+    await sleep(10);
+  }
+  return true;
+}
+
+// Issue 31, point 3. A client of a leaf node keeps its connection when the
+// hub restarts: only the leaf's connection to the hub drops. So point 10
+// of lease.ts (a lost connection suspends every lease) never suspends its
+// leases, and a hub that comes back on an older copy of its store (an
+// acknowledged tail lost, as in lease_lost_tail_test.ts) is noticed only
+// at the holder's next compare-and-set: one that finds the key with no
+// entry at all, or at a revision below its own, before its deadline makes
+// the manager defunct. The hub's store is copied while it is paused (the
+// bucket, no `k`), the edge client takes `k` and writes every 10 ms; the
+// hub is killed right after a renewal, the copy put back and the hub
+// restarted on the same ports; a fresh hub client takes `k`.
+// - "successor first": the leaf's way back to the hub is held (the proxy
+//   refuses it) until the hub client's acquire has landed, as happens
+//   anyway when the hub client connects before the leaf retries its hub.
+//   The edge's renewal then finds `k` at the hub client's revision, below
+//   its own; its lease-checked writes until then overlap the hub client's
+//   (the residue of point 10, measured here).
+// - "holder first": the hub client waits until the edge manager has
+//   stopped; the edge's renewal finds `k` with no entry at all.
+describe("a hub restart that lost acknowledged writes, seen from a client of the leaf", () => {
+  type Order = "successor first" | "holder first";
+
+  async function lostTailOnHub(check: GuardCheck, order: Order) {
+    const snapshots = fs.mkdtempSync(path.join(os.tmpdir(), "lease-leaftail-"));
+    const conns: NatsConnection[] = [];
+    const managers: LeaseManager[] = [];
+    let hub: NatsServer | undefined;
+    let leaf: NatsServer | undefined;
+    let proxy: Proxy | undefined;
+    let stop = false;
+    let loop: Promise<void> | undefined;
+    try {
+      const leafPort = await freePort();
+      hub = await NatsServer.start({
+        domain: "hub",
+        extraConfig: [
+          `server_name: "hub"`,
+          `leafnodes { listen: "127.0.0.1:${leafPort}" }`,
+        ].join("\n"),
+      });
+      proxy = await Proxy.start(leafPort);
+      leaf = await NatsServer.start({
+        domain: "edge",
+        extraConfig: [
+          `server_name: "leaf"`,
+          `leafnodes { remotes: [ { url: "nats-leaf://127.0.0.1:${proxy.port}" } ] }`,
+        ].join("\n"),
+      });
+      const hubNs = hub;
+      await eventually(
+        async () => (await leafCount(hubNs)) === 1,
+        10_000,
+        "the leaf node to connect",
+        50,
+      );
+      const bucket = uniq("leaftail");
+      const ncEdge = await conn(leaf.url);
+      const ncProbe = await conn(leaf.url);
+      conns.push(ncEdge, ncProbe);
+      let edgeDrops = 0;
+      void (async () => {
+        for await (const s of ncEdge.status()) {
+          if (s.type === "disconnect") edgeDrops++;
+        }
+      })();
+      const edge = await createLeaseManager({
+        nc: ncEdge,
+        node: "edge",
+        bucket,
+        ttl: TAIL_TTL,
+        domain: "hub",
+      });
+      managers.push(edge);
+      let defunctAt = NaN;
+      let why = "";
+      edge.addEventListener("defunct", (e) => {
+        defunctAt = performance.now();
+        why = e.reason;
+      });
+      // How each of the edge's tenures ended, and how many it began.
+      const lost: string[] = [];
+      let acquired = 0;
+      edge.addEventListener("lost", (e) => lost.push(e.reason));
+      edge.addEventListener("acquired", () => acquired++);
+      // The hub's store with the bucket and no `k`, copied while paused.
+      const snap = path.join(snapshots, "hub");
+      await hub.pause();
+      try {
+        fs.cpSync(hub.storeDir, snap, { recursive: true });
+      } finally {
+        await hub.resume();
+      }
+      const [epochA, tenure, idA] = await guardUntil(
+        edge,
+        "k",
+        (l) => [l.epoch, l.signal, l.tenure] as const,
+        3 * TAIL_TTL,
+      );
+      // Writes of this tenure only (a later one of the same manager would
+      // be a new lease).
+      const writes: number[] = [];
+      loop = (async () => {
+        while (!stop && edge.health().defunct === undefined) {
+          await edge.guard("k", (l) => {
+            if (l.signal === tenure) writes.push(performance.now());
+          }, { check }).catch(() => {});
+          await sleep(10);
+        }
+      })();
+      // Killed right after a confirmation, so the edge's deadline runs
+      // about a TTL past the kill, and once the edge's revision of `k` is
+      // well past its epoch: the hub client's entry climbs from the same
+      // epoch, one revision per renewal (every TTL/3), and the edge's next
+      // compare-and-set must find it below its own. One that finds it at
+      // exactly the edge's revision succeeds, both tenures under one
+      // epoch (measured: a single renewal before the kill let the hub
+      // client's first renewal land there); only Lease.tenure tells them
+      // apart (docs/safety.md). Above it, the edge loses `k` as to any
+      // other holder, and only its other keys' renewals can say more.
+      if (check === "lease") {
+        for (let i = 0; i < RENEWALS; i++) {
+          await new Promise((resolve) =>
+            edge.addEventListener("renewed", resolve, { once: true })
+          );
+        }
+      } else {
+        await eventually(() => writes.length >= 2, TAIL_TTL, "two writes");
+        const n = writes.length;
+        await eventually(() => writes.length > n, TAIL_TTL, "a write", 1);
+      }
+      if (order === "successor first") proxy.cut();
+      await hub.kill();
+      const killed = performance.now();
+      const answered = hubAnswers(ncProbe);
+      fs.rmSync(hub.storeDir, { recursive: true, force: true });
+      fs.cpSync(snap, hub.storeDir, { recursive: true });
+      await hub.restart();
+      const restarted = performance.now();
+      const ncHub = await conn(hub.url);
+      conns.push(ncHub);
+      const other = await createLeaseManager({
+        nc: ncHub,
+        node: "hub",
+        bucket,
+        ttl: TAIL_TTL,
+      });
+      managers.push(other);
+      if (order === "successor first") {
+        const p = proxy;
+        other.addEventListener("acquired", () => p.restore(), { once: true });
+      } else if (!await within(() => !isNaN(defunctAt), 2 * TAIL_TTL)) {
+        stop = true;
+        await loop;
+        const holder = await other.holder("k");
+        assert.fail(
+          `the edge manager is not defunct ${
+            Math.round(performance.now() - await answered)
+          } ms after the restored hub answered the leaf; it holds k: ${await edge
+            .held("k")}, holder on the hub: ${
+            JSON.stringify(holder)
+          }, ${writes.length} writes of the first tenure, leaf disconnects ${edgeDrops}`,
+        );
+      }
+      let bEnded = NaN;
+      let bLost = "";
+      other.addEventListener("lost", (e) => {
+        bEnded = performance.now();
+        bLost = e.reason;
+      });
+      const [bFirst, epochB, idB] = await other.guard(
+        "k",
+        (l) => [performance.now(), l.epoch, l.tenure] as const,
+        { wait: true, signal: AbortSignal.timeout(6 * TAIL_TTL) },
+      );
+      const reachable = await answered;
+      const stopped = await within(() => !isNaN(defunctAt), 2 * TAIL_TTL);
+      stop = true;
+      await loop;
+      const late = writes.filter((t) => t >= bFirst);
+      const last = Math.max(...writes);
+      report(`lost tail on the hub, leaf client, check ${check}, ${order}`, {
+        server: VERSION,
+        leafClientDisconnects: String(edgeDrops),
+        hubRestartedAfterKill: restarted - killed,
+        hubAnswersLeafAfterKill: reachable - killed,
+        hubClientFirstWriteAfterKill: bFirst - killed,
+        edgeLastWriteAfterHubAnswers: last - reachable,
+        edgeDefunctAfterHubAnswers: defunctAt - reachable,
+        edgeWritesAfterHubClientFirst: String(late.length),
+        overlap: late.length === 0 ? 0 : Math.max(...late) - bFirst,
+        epochs: `${epochA} (edge) then ${epochB} (hub client)`,
+        edgeTenures: `${acquired}, ended ${lost.join(", ")}`,
+        hubClientTenure: isNaN(bEnded)
+          ? "kept"
+          : `${bLost} ${Math.round(bEnded - bFirst)} ms after its first write`,
+        why: why.slice(0, 120),
+      });
+      assert.equal(edgeDrops, 0, "the leaf client saw its connection drop");
+      assert.ok(stopped, "the edge manager did not go defunct");
+      // Stopped at the compare-and-set that saw the lost tail: not first
+      // reported as an ordinary loss, after which the manager, still
+      // healthy, would take the emptied key again under a repeated epoch.
+      assert.deepEqual([acquired, lost], [1, ["defunct"]]);
+      assert.match(why, /lost writes it had acknowledged/);
+      assert.equal(edge.health().defunct, why);
+      if (order === "holder first") assert.match(why, /no entry at all/);
+      const bound = TAIL_TTL / 3 + TAIL_SLACK;
+      assert.ok(
+        last - reachable <= bound,
+        `the edge wrote ${
+          Math.round(last - reachable)
+        } ms after the restored hub answered the leaf (bound ${bound} ms)`,
+      );
+      assert.ok(
+        defunctAt - reachable <= bound,
+        `the edge manager stopped ${
+          Math.round(defunctAt - reachable)
+        } ms after the restored hub answered the leaf (bound ${bound} ms)`,
+      );
+      assert.notEqual(idB, idA, "two tenures share an id");
+      if (check === "cas" || order === "holder first") {
+        assert.deepEqual(
+          late.map((t) => Math.round(t - bFirst)),
+          [],
+          "the edge wrote after the hub client's first write began (ms after it)",
+        );
+      }
+    } finally {
+      stop = true;
+      await loop;
+      await Promise.allSettled(managers.map((m) => m.close()));
+      await Promise.allSettled(conns.map((nc) => nc.close()));
+      await proxy?.close();
+      await leaf?.[Symbol.asyncDispose]();
+      await hub?.[Symbol.asyncDispose]();
+      fs.rmSync(snapshots, { recursive: true, force: true });
+    }
+  }
+
+  test(
+    'guard() with check "lease" on a leaf client stops within TTL/3 of the restored hub answering, its manager defunct, when a hub client took the key the lost tail emptied first',
+    { timeout: 60_000 },
+    () => lostTailOnHub("lease", "successor first"),
+  );
+
+  test(
+    'guard() with check "lease" on a leaf client stops within TTL/3 of the restored hub answering, its manager defunct, when its renewal finds the key with no entry at all',
+    { timeout: 60_000 },
+    () => lostTailOnHub("lease", "holder first"),
+  );
+
+  test(
+    'guard() with check "cas" on a leaf client never writes after a hub client\'s first write on the key a lost tail emptied, and its manager goes defunct',
+    { timeout: 60_000 },
+    () => lostTailOnHub("cas", "successor first"),
+  );
 });
