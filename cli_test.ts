@@ -125,6 +125,29 @@ function pidRuns(pidFile: string): boolean {
   }
 }
 
+/**
+ * Kills every process whose command line carries `marker`: a test's
+ * cleanup, which must also work when the test failed with the command
+ * still running (a command that ignores SIGTERM would otherwise outlive
+ * the run and keep the test runner up).
+ */
+function killMarked(marker: string): void {
+  try {
+    execFileSync("pkill", ["-KILL", "-f", marker]);
+  } catch {
+    // none left, as it should be
+  }
+}
+
+/** SIGKILLs `pid` if it still runs (a stopped watchdog, in cleanup). */
+function killPid(pid: number): void {
+  try {
+    process.kill(pid, "SIGKILL");
+  } catch {
+    // gone
+  }
+}
+
 /** Every `lease` this file started, for failure messages. */
 const started: Run[] = [];
 
@@ -1012,11 +1035,7 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
       );
       assert.ok(Number(rows[bAt]![2]) > Number(later[0]![2]));
     } finally {
-      try {
-        execFileSync("pkill", ["-KILL", "-f", marker]);
-      } catch {
-        // gone
-      }
+      killMarked(marker);
     }
   });
 
@@ -1068,11 +1087,7 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
             );
           }
         } finally {
-          try {
-            execFileSync("pkill", ["-KILL", "-f", marker]);
-          } catch {
-            // gone, as it should be
-          }
+          killMarked(marker);
         }
       }
       const bad = lease([
@@ -1212,11 +1227,7 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
           "the watchdog to remove the cgroup",
         );
       } finally {
-        try {
-          execFileSync("pkill", ["-KILL", "-f", marker]);
-        } catch {
-          // gone, as it should be
-        }
+        killMarked(marker);
       }
     }
   });
@@ -1266,18 +1277,8 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
         "lease to end its stopped watchdog",
       );
     } finally {
-      if (dog !== undefined) {
-        try {
-          process.kill(dog, "SIGKILL");
-        } catch {
-          // ended by lease, as it should be
-        }
-      }
-      try {
-        execFileSync("pkill", ["-KILL", "-f", marker]);
-      } catch {
-        // gone
-      }
+      if (dog !== undefined) killPid(dog);
+      killMarked(marker);
     }
   });
 
@@ -1313,18 +1314,8 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
         `wrote ${lastWrite} ms after the eviction`,
       );
     } finally {
-      if (dog !== undefined) {
-        try {
-          process.kill(dog, "SIGKILL");
-        } catch {
-          // gone
-        }
-      }
-      try {
-        execFileSync("pkill", ["-KILL", "-f", marker]);
-      } catch {
-        // gone
-      }
+      if (dog !== undefined) killPid(dog);
+      killMarked(marker);
     }
   });
 
@@ -1384,11 +1375,7 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
     } finally {
       proxy.release("both");
       await proxy.close();
-      try {
-        execFileSync("pkill", ["-KILL", "-f", marker]);
-      } catch {
-        // gone
-      }
+      killMarked(marker);
     }
   });
 
@@ -1464,11 +1451,7 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
       );
       assert.equal(alive(marker, a.child.pid), 0, "a's command is gone");
     } finally {
-      try {
-        execFileSync("pkill", ["-KILL", "-f", marker]);
-      } catch {
-        // gone
-      }
+      killMarked(marker);
     }
   });
 

@@ -134,22 +134,25 @@ async function leafCount(ns: NatsServer): Promise<number> {
   return ((await res.json()) as { leafnodes?: number }).leafnodes ?? 0;
 }
 
-describe("leases across a leaf node, JetStream domain 'hub'", () => {
-  let hub: NatsServer;
-  let leaf: NatsServer;
-  let proxy: Proxy;
-  const conns: NatsConnection[] = [];
-  const managers: LeaseManager[] = [];
-
-  before(async () => {
-    const leafPort = await freePort();
-    hub = await NatsServer.start({
-      domain: "hub",
-      extraConfig: [
-        `server_name: "hub"`,
-        `leafnodes { listen: "127.0.0.1:${leafPort}" }`,
-      ].join("\n"),
-    });
+/**
+ * A hub (JetStream domain `hub`) and a leaf (domain `edge`) whose leaf
+ * connection runs through a proxy, once the leaf has connected; what was
+ * started is stopped again if a later step fails.
+ */
+async function hubAndLeaf(): Promise<
+  { hub: NatsServer; proxy: Proxy; leaf: NatsServer }
+> {
+  const leafPort = await freePort();
+  const hub = await NatsServer.start({
+    domain: "hub",
+    extraConfig: [
+      `server_name: "hub"`,
+      `leafnodes { listen: "127.0.0.1:${leafPort}" }`,
+    ].join("\n"),
+  });
+  let proxy: Proxy | undefined;
+  let leaf: NatsServer | undefined;
+  try {
     proxy = await Proxy.start(leafPort);
     leaf = await NatsServer.start({
       domain: "edge",
@@ -164,6 +167,24 @@ describe("leases across a leaf node, JetStream domain 'hub'", () => {
       "the leaf node to connect",
       50,
     );
+    return { hub, proxy, leaf };
+  } catch (err) {
+    await proxy?.close();
+    await leaf?.[Symbol.asyncDispose]();
+    await hub[Symbol.asyncDispose]();
+    throw err;
+  }
+}
+
+describe("leases across a leaf node, JetStream domain 'hub'", () => {
+  let hub: NatsServer;
+  let leaf: NatsServer;
+  let proxy: Proxy;
+  const conns: NatsConnection[] = [];
+  const managers: LeaseManager[] = [];
+
+  before(async () => {
+    ({ hub, proxy, leaf } = await hubAndLeaf());
   });
 
   after(async () => {
@@ -514,29 +535,7 @@ describe("a hub restart that lost acknowledged writes, seen from a client of the
     let stop = false;
     let loop: Promise<void> | undefined;
     try {
-      const leafPort = await freePort();
-      hub = await NatsServer.start({
-        domain: "hub",
-        extraConfig: [
-          `server_name: "hub"`,
-          `leafnodes { listen: "127.0.0.1:${leafPort}" }`,
-        ].join("\n"),
-      });
-      proxy = await Proxy.start(leafPort);
-      leaf = await NatsServer.start({
-        domain: "edge",
-        extraConfig: [
-          `server_name: "leaf"`,
-          `leafnodes { remotes: [ { url: "nats-leaf://127.0.0.1:${proxy.port}" } ] }`,
-        ].join("\n"),
-      });
-      const hubNs = hub;
-      await eventually(
-        async () => (await leafCount(hubNs)) === 1,
-        10_000,
-        "the leaf node to connect",
-        50,
-      );
+      ({ hub, proxy, leaf } = await hubAndLeaf());
       const bucket = uniq("leaftail");
       const ncEdge = await conn(leaf.url);
       const ncProbe = await conn(leaf.url);
