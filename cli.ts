@@ -1303,8 +1303,10 @@ async function run(a: Args): Promise<number> {
         });
       }
       const onLost = () => {
-        if (forwarded !== undefined || pid === undefined) return;
-        if (stopped !== undefined) return;
+        if (pid === undefined || stopped !== undefined) return;
+        // A signal passed on lets the command end by itself, unless it is
+        // frozen: it cannot act on the signal, and must not run again.
+        if (forwarded !== undefined && !frozen) return;
         stopped = "lost";
         say(
           `lost '${lease.key}': ${
