@@ -99,13 +99,19 @@
  *      one whose version start-up checked), and the grace is decided once
  *      both are answered: a failed, late or shorter answer leaves the full
  *      grace, or one TTL less the shorter life. An acquire recognised
- *      after its reply was lost keeps the full grace. What remains: the
+ *      after its reply was lost, with no drop of the connection since it
+ *      was sent, is owed the same: losing a reply changes nothing the
+ *      CAS's success proves, but the CAS may have been applied any time
+ *      before the read that found it, so a second proof is read then,
+ *      after it was applied, and the shorter life of the two decides (one
+ *      that crossed a drop is owed two TTLs, 10). What remains: the
  *      server handles the two requests apart, so an edit (or rollback)
  *      and the holder's expiry both between the proof's read and the
- *      CAS's application (about one round trip) go unseen; markers
- *      removed or lowered, then restored or raised before the proof is
- *      read, with the holder's expiry in between and less than the raised
- *      life before the CAS (it left no marker, or a shorter one, and the
+ *      CAS's application (about one round trip) go unseen, unless a
+ *      second proof reads the edit; markers removed or lowered, then
+ *      restored or raised before the (last) proof is read, with the
+ *      holder's expiry in between and less than the raised life before
+ *      the CAS (it left no marker, or a shorter one, and the
  *      configuration proves the longer life); and a cluster peer restarted
  *      on an older release under a name start-up checked, unless the
  *      stream info read then no longer shows a marker TTL. Assumes
@@ -160,8 +166,11 @@
  *    still that long; and, where no marker will come, reads every 25 ms
  *    for at most 600 ms after that, as servers before 2.11 send nothing
  *    when an entry expires); a renewal by the same holder only moves that
- *    timer. The one thing it feeds into a decision is when a holder's
- *    revision was first seen, which the stood-still rule of 3 counts from:
+ *    timer. A waiter that found the server unavailable backs off (50 ms,
+ *    doubling to TTL/3), but such news, or the connection coming back,
+ *    wakes it sooner. The one thing it feeds into a decision is when a
+ *    holder's revision was first seen, which the stood-still rule of 3
+ *    counts from:
  *    the watch delivers an entry only after its holder sent it, so that
  *    time is never early. A campaign's lease is a
  *    guard's lease, and a release ends the tenure (its signal aborts)
@@ -937,7 +946,8 @@ export interface GuardOptions {
    * message when an entry expires, reads from one TTL after its last
    * renewal was seen, every 25 ms, for at most 600 ms), at
    * the end of the grace, or after an {@linkcode UnavailableError} (backing
-   * off from 50 ms to TTL/3). Waiting decides only when to try again;
+   * off from 50 ms to TTL/3, but woken sooner by such a change, or when the
+   * connection comes back). Waiting decides only when to try again;
    * nothing but a successful compare-and-set lets the write run.
    *
    * The wait ends when `signal` aborts (the guard rejects with its reason,
@@ -1730,6 +1740,10 @@ interface Pending {
   sent: number;
   /** The manager's highest applied revision when it was sent. */
   floor: number;
+  /** How many drops the connection had seen when it was sent. */
+  downs: number;
+  /** The marker proof that left with it, if its grace waits for one. */
+  proof?: Promise<number>;
 }
 
 class KeyState {
@@ -1803,7 +1817,10 @@ const EXPIRY_WINDOW = 600;
 /** The pause between two of those reads. */
 const EXPIRY_STEP = 25;
 
-/** The first pause after an UnavailableError of a waiting guard; it doubles to TTL/3. */
+/**
+ * The first pause after an UnavailableError of a waiting guard; it doubles
+ * to TTL/3, unless news of the key or the connection's return ends it.
+ */
 const FIRST_BACKOFF = 50;
 
 /** News of a key for a watch iterator: `undefined` when the watch ended. */
@@ -1830,6 +1847,8 @@ class KeyWatch {
   lastSeq = 0;
   /** Counts the news that may let a waiter in. */
   wakes = 0;
+  /** Counts those wakes that did not follow a failed fallback read. */
+  news = 0;
   /** The `seenAt` whose entry the waiters were last woken for as overdue. */
   dueWake = -1;
   /** Waiting guards to wake on such news (or the fallback timer). */
@@ -2023,6 +2042,9 @@ class Manager extends EventTarget implements LeaseManager {
   #linkUp = true;
   /** How often the connection was lost: a reply that crossed a loss is not trusted. */
   #downs = 0;
+  /** How often it came back, and the waiting guards to wake when it does. */
+  #ups = 0;
+  readonly #upWaiters = new Set<() => void>();
   /** Each listener's guard against its own exceptions. */
   readonly #guarded = new WeakMap<
     EventListenerOrEventListenerObject,
@@ -2106,6 +2128,9 @@ class Manager extends EventTarget implements LeaseManager {
       return;
     }
     this.#linkUp = true;
+    this.#ups++;
+    // Waiting guards that found the server unavailable try again now.
+    for (const wake of [...this.#upWaiters]) wake();
     if (change === "other") this.#moves++;
     const now = this.#port.now();
     for (const st of this.#keys.values()) {
@@ -2485,6 +2510,8 @@ class Manager extends EventTarget implements LeaseManager {
     try {
       for (;;) {
         const mark = kw?.wakes;
+        const news = kw?.news;
+        const ups = this.#ups;
         let started = false;
         try {
           return await this.#guardOnce(
@@ -2524,9 +2551,18 @@ class Manager extends EventTarget implements LeaseManager {
             if (mark === undefined || kw.wakes === mark) {
               await this.#awaitWake(kw, signal);
             }
-          } else {
-            await this.#pause(backoff, signal);
-            backoff = Math.min(backoff * 2, this.ttl / 3);
+          } else if (this.#ups !== ups) {
+            // The connection came back while we tried: try again at once.
+            backoff = FIRST_BACKOFF;
+          } else if (kw === undefined || kw.news === news) {
+            // Unavailable: back off, so an outage is not met with a stream
+            // of failed requests, but wake, as a waiter on the key does, at
+            // news of it (a release the watch saw while we failed to read),
+            // and when the connection comes back.
+            const back = await this.#backOff(kw, backoff, signal);
+            backoff = back
+              ? FIRST_BACKOFF
+              : Math.min(backoff * 2, this.ttl / 3);
           }
         }
       }
@@ -2541,6 +2577,35 @@ class Manager extends EventTarget implements LeaseManager {
       const timer = this.#port.setTimer(done, ms);
       return () => this.#port.clearTimer(timer);
     });
+  }
+
+  /**
+   * Resolves after `ms`, at news of `kw` (not a wake after a failed
+   * fallback read, which tells a guard that failed nothing new), when the
+   * connection comes back (with `true`), or at close(); rejects when
+   * `signal` aborts.
+   */
+  async #backOff(
+    kw: KeyWatch | undefined,
+    ms: number,
+    signal: AbortSignal | undefined,
+  ): Promise<boolean> {
+    const ups = this.#ups;
+    await this.#until(signal, (done) => {
+      const timer = this.#port.setTimer(done, ms);
+      const news = kw?.news;
+      const onNews = () => {
+        if (kw!.news !== news) done();
+      };
+      kw?.waiters.add(onNews);
+      this.#upWaiters.add(done);
+      return () => {
+        this.#port.clearTimer(timer);
+        kw?.waiters.delete(onNews);
+        this.#upWaiters.delete(done);
+      };
+    });
+    return this.#ups !== ups;
   }
 
   /** Resolves at news of `kw` that may let a waiter in, or at close(). */
@@ -2785,8 +2850,9 @@ class Manager extends EventTarget implements LeaseManager {
     this.#armWatch(kw);
   }
 
-  #wake(kw: KeyWatch): void {
+  #wake(kw: KeyWatch, failed = false): void {
     kw.wakes++;
+    if (!failed) kw.news++;
     for (const w of [...kw.waiters]) w();
   }
 
@@ -2856,7 +2922,7 @@ class Manager extends EventTarget implements LeaseManager {
       const overdue = s?.kind !== "put" ||
         now >= due + (this.#markerLife === 0 ? EXPIRY_WINDOW : EXPIRY_MARGIN);
       if (first) kw.dueWake = kw.seenAt;
-      if (!ok || first || overdue) this.#wake(kw);
+      if (!ok || first || overdue) this.#wake(kw, !ok);
     }
     this.#armWatch(kw);
   }
@@ -3222,14 +3288,27 @@ class Manager extends EventTarget implements LeaseManager {
         const p = st.pending.find((p) => p.counter === seen.counter);
         if (p) {
           // Our own acquiring CAS, whose reply was lost: we hold the key,
-          // with the grace we chose when we sent it. (Only this manager
-          // writes with its instance id.) The same re-creation check as for
-          // an answered write applies.
+          // with the grace an answer would have left (below). (Only this
+          // manager writes with its instance id.) The same re-creation
+          // check as for an answered write applies.
           if (seen.seq <= p.floor) {
             this.#goDefunct(
               `the bucket '${this.bucket}' was deleted and re-created (revision ${seen.seq} after ${p.floor}), so its epochs restarted`,
             );
             throw new UnavailableError(st.key, this.#defunct!);
+          }
+          // The reply, not the CAS, was lost: what the CAS's success
+          // proves is what an answered one proves (3). Its marker proof
+          // was read about when the CAS went in, and the CAS may have been
+          // applied any time before our read saw it, so a second proof,
+          // asked now (after it was applied), must agree: only markers
+          // removed and restored between the two go unseen. A drop since
+          // it was sent already owes the longest grace (#onLink).
+          if (p.proof !== undefined) {
+            const lives = await Promise.all([p.proof, this.#markerProof()]);
+            if (p.downs === this.#downs) {
+              p.grace = this.ttl - Math.min(this.ttl, ...lives);
+            }
           }
           this.#maxRev = Math.max(this.#maxRev, seen.seq);
           this.#tookOver(st, seen.seq, p.grace, p.sent, "recovered");
@@ -3307,17 +3386,22 @@ class Manager extends EventTarget implements LeaseManager {
       // Bounded: an attempt forgotten here that lands after all is taken
       // for another process's entry with our node id (safe, only slower).
       const floor = this.#maxRev;
-      // An attempt recognised later (its reply lost) keeps the full grace:
-      // its marker proof, if any, is not waited for.
-      if (st.pending.push({ counter: this.#counter, grace, sent, floor }) > 8) {
-        st.pending.shift();
-      }
+      // An attempt recognised later (its reply lost) is owed what it
+      // would have been owed answered, its marker proof included.
+      const pending: Pending = {
+        counter: this.#counter,
+        grace,
+        sent,
+        floor,
+        downs,
+      };
+      if (st.pending.push(pending) > 8) st.pending.shift();
       let res: WriteResult;
       let proof: Promise<number> | undefined;
       try {
         const writing = this.#write(st, "PUT", expect, msgId);
         // Sent right behind the CAS, in the same flush: one round trip.
-        if (prove) proof = this.#markerProof();
+        if (prove) proof = pending.proof = this.#markerProof();
         res = await writing;
       } catch (err) {
         throw new UnavailableError(

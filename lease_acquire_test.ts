@@ -17,9 +17,11 @@ import { Kvm } from "@nats-io/kv";
 import {
   createLeaseManager,
   type Holder,
+  type LeaseAcquiredEvent,
   type LeaseManager,
   type LeaseManagerOptions,
   NotHolderError,
+  UnavailableError,
 } from "./mod.ts";
 import {
   createBucket,
@@ -32,6 +34,7 @@ import {
   NatsServer,
   natsServerBinary,
 } from "./test_util/nats_server.ts";
+import { NatsProxy } from "./test_util/proxy.ts";
 
 const TTL = 1000;
 
@@ -328,6 +331,112 @@ describe("waiting for a lease", () => {
   );
 
   test(
+    `guard() on a never-used key whose acquiring compare-and-set lost its reply writes as soon as it recognises its own entry, owing only the grace an answered acquire owes (TTL 2 s, nats-server ${SERVER_VERSION}: ${
+      markers ? "markers, so none" : "no markers, so one TTL"
+    })`,
+    async () => {
+      const ttl = 2000;
+      const bucket = uniq("lr");
+      await using proxy = await NatsProxy.start(ns.port);
+      const c = await conn(proxy.url);
+      conns.push(c);
+      // restartGrace as users get it; the default timeout, TTL/4.
+      const m = await manager({
+        node: "a",
+        bucket,
+        ttl,
+        restartGrace: true,
+        nc: c,
+      });
+      const acquired: {
+        key: string;
+        grace: number;
+        found: string;
+        at: number;
+      }[] = [];
+      m.addEventListener("acquired", (e: LeaseAcquiredEvent) => {
+        const { key, grace, found } = e;
+        acquired.push({ key, grace, found, at: performance.now() });
+      });
+      // What an answered acquire of a never-used key owes, on this server.
+      await m.guard("answered", () => {}).catch(() => {});
+      await eventually(
+        () => acquired.some((e) => e.key === "answered"),
+        ttl,
+        "the answered acquire",
+      );
+      const owed = acquired.find((e) => e.key === "answered")!.grace;
+      // The reply to the first compare-and-set on "k" is dropped on a live
+      // connection to the one server: the CAS itself lands.
+      let reply: string | undefined;
+      let dropped = false;
+      proxy.onFrame = (f, dir) => {
+        if (
+          dir === "up" && reply === undefined && f.subject === `$KV.${bucket}.k`
+        ) {
+          reply = f.line.split(" ")[2];
+        } else if (dir === "down" && !dropped && f.subject === reply) {
+          dropped = true;
+          return "drop";
+        }
+      };
+      const t0 = performance.now();
+      const errors: string[] = [];
+      let wrote: number | undefined;
+      while (wrote === undefined) {
+        try {
+          wrote = await m.guard("k", () => performance.now());
+        } catch (err) {
+          assert.ok(
+            err instanceof NotHolderError || err instanceof UnavailableError,
+            String(err),
+          );
+          errors.push(
+            err instanceof NotHolderError
+              ? `NotHolderError(retryAfter=${err.retryAfter})`
+              : err.name,
+          );
+          assert.ok(performance.now() - t0 < 4 * ttl, "never wrote");
+          // As a caller would: a grace is waited out, anything else retried.
+          await sleep(
+            err instanceof NotHolderError && err.retryAfter !== undefined
+              ? err.retryAfter
+              : 5,
+          );
+        }
+      }
+      assert.equal(dropped, true, "no compare-and-set reply was dropped");
+      const own = acquired.find((e) => e.key === "k");
+      assert.equal(own?.found, "recovered", JSON.stringify(acquired));
+      report("acquire with its reply lost, first write", {
+        recognised: own.at - t0,
+        wrote: wrote - t0,
+        grace: own.grace,
+        owed,
+        errors: errors.join(" "),
+      });
+      // The entry is ours and nobody wrote the key before it: an answered
+      // acquire of it would have owed `owed` (none where markers are
+      // proven, a TTL without them), and losing the reply on a live
+      // connection to the one server changes nothing the grace covers.
+      assert.equal(own.grace, owed, `grace ${own.grace} ms, owed ${owed} ms`);
+      // So the write runs once the entry is recognised (one timed-out CAS,
+      // TTL/4, and one read) plus what is owed, not a TTL more: TTL/2 of
+      // slack for a loaded machine keeps the bound well below the TTL the
+      // unneeded grace added (with markers: under one TTL from the first
+      // guard, not the 1.5 TTL and more it took with that grace).
+      assert.ok(
+        wrote - t0 < ttl / 4 + owed + ttl / 2,
+        `wrote ${
+          (wrote - t0).toFixed(0)
+        } ms after the first guard (recognised at ${
+          (own.at - t0).toFixed(0)
+        } ms; ${errors.join(" ")})`,
+      );
+    },
+  );
+
+  test(
     `an expired holder's key waits the grace while the expiry marker stands, and is written at once only after it (nats-server ${SERVER_VERSION})`,
     { skip: markers ? false : "this server writes no expiry markers" },
     async () => {
@@ -595,6 +704,70 @@ describe("waiting for a lease", () => {
       }
     },
   );
+
+  test("guard({ wait: true }) whose reads fail backs off, but a release its watch sees wakes it at once, not at the end of a TTL/3 pause", async () => {
+    // TTL 9 s: the backoff after UnavailableError doubles from 50 ms to
+    // TTL/3 = 3 s, so a waiter that ignored its watch meanwhile would be
+    // seconds late.
+    const ttl = 9000;
+    const bucket = uniq("bo");
+    const h = await manager({ node: "h", bucket, ttl });
+    const x = await manager({ node: "x", bucket, ttl });
+    await using proxy = await NatsProxy.start(ns.port);
+    const c = await conn(proxy.url);
+    conns.push(c);
+    // A short timeout, so each failed attempt costs 100 ms of the test.
+    const w = await manager({ node: "w", bucket, ttl, timeout: 100, nc: c });
+    await h.guard("k", () => {});
+    let wrote: number | undefined;
+    const waiting = w.guard("k", () => wrote = performance.now(), {
+      wait: true,
+    });
+    waiting.catch(() => {}); // judged below
+    await sleep(300); // w waits on its watch
+    // From here w's reads of the key get no answer (its watch, a consumer,
+    // is not touched), so its guard fails with UnavailableError and backs
+    // off. The reads it sent, and when:
+    const reads: number[] = [];
+    let dropping = true;
+    proxy.onFrame = (f, dir) => {
+      if (
+        dropping && dir === "up" && f.subject !== undefined &&
+        (f.subject.startsWith(`$JS.API.DIRECT.GET.KV_${bucket}`) ||
+          f.subject.startsWith(`$JS.API.STREAM.MSG.GET.KV_${bucket}`))
+      ) {
+        reads.push(performance.now());
+        return "drop";
+      }
+    };
+    // h's release wakes w, which cannot read; x takes the key meanwhile.
+    await h.release("k");
+    await x.guard("k", () => {});
+    // A gap of 1.6 s between two reads is a 1.6 s pause: the attempt that
+    // read last then waits min(3.2 s, TTL/3) = 3 s after its 100 ms timeout.
+    await eventually(
+      () => reads.length >= 2 && reads.at(-1)! - reads.at(-2)! >= 1600,
+      6 * ttl,
+      "a backoff of 1.6 s",
+    );
+    await sleep(300); // w is 200 ms into its 3 s pause
+    dropping = false;
+    const released = performance.now();
+    await x.release("k");
+    await Promise.race([waiting, sleep(ttl)]);
+    assert.ok(wrote !== undefined, `w did not write within ${ttl} ms`);
+    const gap = wrote - released;
+    report("waiting guard in backoff, after a release", {
+      gap,
+      reads: String(reads.length),
+      lastPause: reads.at(-1)! - reads.at(-2)!,
+    });
+    // The watch delivers the release in milliseconds and a clean release
+    // owes no grace: a waiter woken by it writes within a few round trips.
+    // 1 s is for a loaded machine; a waiter that slept out its pause would
+    // write about 2.8 s after the release.
+    assert.ok(gap < 1000, `w wrote ${gap.toFixed(0)} ms after the release`);
+  });
 
   test("guard({ wait: true }) sends no request while the holder renews: renewals only move its fallback timer", async () => {
     const bucket = uniq("w");

@@ -224,6 +224,91 @@ describe("waiting across a server restart", () => {
     await ns?.[Symbol.asyncDispose]();
   });
 
+  test(
+    `guard({ wait: true }) begun while the server is down writes within ${PROMPT} ms of a holder's close() once the server is back, not at the end of its TTL/3 backoff`,
+    async () => {
+      // TTL 9 s: each UnavailableError doubles the waiter's pause, from 50
+      // ms up to TTL/3 = 3 s.
+      const ttl = 9000;
+      const bucket = uniq("rb");
+      const ncH = await conn(ns.url);
+      const ncW = await conn(ns.url);
+      let running = true;
+      let lastWrite = 0;
+      let holding: Promise<void> | undefined;
+      let h: LeaseManager | undefined;
+      let w: LeaseManager | undefined;
+      try {
+        h = await createLeaseManager({
+          nc: ncH,
+          node: "h",
+          bucket,
+          ttl,
+          restartGrace: false,
+        });
+        // A short timeout: while the server is down each attempt fails
+        // after 100 ms, so the pauses set the waiter's pace.
+        w = await createLeaseManager({
+          nc: ncW,
+          node: "w",
+          bucket,
+          ttl,
+          timeout: 100,
+        });
+        const holder = h;
+        await holder.guard("k", () => {});
+        holding = (async () => {
+          while (running) {
+            await holder.guard("k", () => {
+              lastWrite = performance.now();
+            }).catch(() => {}); // down, or not proven again yet
+            await sleep(HOLDER_EVERY);
+          }
+        })();
+        const killedAt = performance.now();
+        await ns.kill();
+        await sleep(200);
+        let wrote: number | undefined;
+        const waiting = w.guard("k", () => wrote = performance.now(), {
+          wait: true,
+        });
+        waiting.catch(() => {}); // judged below
+        // Attempts of 100 ms and pauses of 50, 100, ... 1600 ms: from about
+        // 3.75 s on, the waiter sleeps 3 s. The server comes back inside
+        // that pause.
+        await sleep(4000);
+        await ns.restart();
+        await eventually(
+          () => lastWrite > killedAt,
+          3 * ttl,
+          "the holder's write after the restart",
+        );
+        running = false;
+        await holding;
+        const released = performance.now();
+        await holder.close();
+        await Promise.race([waiting, sleep(ttl)]);
+        assert.ok(wrote !== undefined, `no write ${ttl} ms after close()`);
+        const gap = wrote - released;
+        report("guard({ wait: true }) begun during the outage, after close()", {
+          gap,
+          holderReconfirmed: lastWrite - killedAt,
+        });
+        // Woken when its connection came back, the waiter finds the key
+        // held and waits on the key's watch, which sees the clean release
+        // (no grace) at once. One that slept out its pause would write
+        // about 2 s after the close(), at the end of the pause (6.75 s
+        // after it began to wait).
+        assert.ok(gap < PROMPT, `wrote ${gap.toFixed(0)} ms after close()`);
+      } finally {
+        running = false;
+        await holding;
+        await Promise.allSettled([h?.close(), w?.close()]);
+        await Promise.allSettled([ncH.close(), ncW.close()]);
+      }
+    },
+  );
+
   const cases: [string, string, Follow][] = [
     ["guard({ wait: true })", "writes", waitingGuard],
     ["campaign()", "leads", campaign],

@@ -283,7 +283,7 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a key with no entry is taken at once even where no marker is proven (the restart hole)",
     expect: "P1",
-    seed: 54,
+    seed: 909,
     edits: [
       [
         "grace = unknownPast ? this.ttl : 0;\n        // With markers",
@@ -406,7 +406,12 @@ export const MUTANTS: readonly Mutant[] = [
     description:
       "a release after a CAS that got no answer deletes the entry as a clean release (the CAS may reach a restarted server that reused our revision for another holder, and the delete then frees that holder's key)",
     expect: "P1",
-    seed: 2166,
+    seed: 11871,
+    // The waiting guard's wake on news (issue 31) moved the histories: up
+    // to seed 9999 the mutant now fails only where the unmutated module
+    // fails too (the open finding 8), and the first failure of its own is
+    // 11871.
+    budget: 12_000,
     focus: CROSS_FOCUS,
     edits: [[
       "!t.suspended && !t.unanswered && this.#linkUp",
