@@ -1228,6 +1228,8 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
         );
       } finally {
         killMarked(marker);
+        // One a failed watchdog left (a mutant's run): not on the machine.
+        for (const n of cgroups()) await removeCgroup(path.join(parent, n));
       }
     }
   });
