@@ -44,9 +44,13 @@
  *   comes with a restart that drops their connections, with the residue it
  *   lists; epochs may still repeat (10).
  * - The server: the stream leader applies a compare-and-set atomically
- *   (nats-server 2.9.21+ on replicated streams, checked at start-up where
- *   the client can see the servers); it expires an entry no earlier than
- *   its max age after stamping it (late by up to ~250 ms is fine).
+ *   (nats-server 2.9.21+ on replicated streams, checked where the client
+ *   can see the servers: at start-up the leader and a quorum of the peers,
+ *   and a peer that was down then once a second until it answers; one on
+ *   an older release stops the manager for good). Residue: such a peer
+ *   elected leader within a second of coming back, before its first
+ *   answer, is trusted meanwhile. It expires an entry no earlier than its
+ *   max age after stamping it (late by up to ~250 ms is fine).
  * - Nothing edits the stream behind the KV API: a stream purge, a message
  *   delete or a re-created bucket can erase the history this argument
  *   reads (a re-created bucket is detected when seen, see 6). Deleting or
@@ -701,6 +705,14 @@ export interface LeaseHealth {
 export interface Connection {
   /** The info of the server this client is connected to (not of the servers that hold the bucket). */
   readonly info?: { readonly version: string } | undefined;
+  /**
+   * Optional: calls `fn` once, with why, if the port finds that the
+   * servers holding the bucket can no longer be trusted with a
+   * compare-and-set (a peer that was down at start-up came back on a
+   * release older than 2.9.21, nats-server#4320). Registering starts the
+   * port's checks of such peers; `close` ends them.
+   */
+  onDistrust?(fn: (why: string) => void): void;
   /** Whether the connection is closed for good. */
   isClosed(): boolean;
   /** Settles when the connection is closed for good: the manager then stops vouching for every lease. */
@@ -1536,6 +1548,14 @@ export interface Port {
    * lease for a lost connection (see the safety argument, point 10).
    */
   onLink?(fn: (change: LinkChange) => void): void;
+  /**
+   * Optional: calls `fn` once, with why, if the port finds that the
+   * servers holding the bucket can no longer be trusted with a
+   * compare-and-set (a peer that was down at start-up came back on a
+   * release older than 2.9.21, nats-server#4320). Registering starts the
+   * port's checks of such peers; `close` ends them.
+   */
+  onDistrust?(fn: (why: string) => void): void;
   /** Whether the connection is closed for good. */
   isClosed(): boolean;
   /** Settles when the connection closes for good. */
@@ -2096,6 +2116,9 @@ class Manager extends EventTarget implements LeaseManager {
     // timers (so the process can exit) and stop vouching for any lease.
     void port.closed().then(() => this.#connectionClosed());
     port.onLink?.((change) => this.#onLink(change));
+    // A server whose compare-and-set cannot be trusted makes every epoch
+    // doubtful (two holders may both succeed on one revision): stop.
+    port.onDistrust?.((why) => this.#goDefunct(why));
   }
 
   /**
@@ -4173,6 +4196,89 @@ function settleAck(data: Uint8Array, p: PendingWrite): void {
   }
 }
 
+/** The peers start-up could not reach, for the port to check later. */
+interface LatePeers {
+  /** Server names that did not answer start-up's census. */
+  pending: readonly string[];
+  /** Whether a release before 2.9.21 among them must stop the manager. */
+  casCheck: boolean;
+}
+
+/**
+ * How long each census round of {@linkcode watchLatePeers} waits: one ping
+ * a round, so a manager with a peer down sends one a second until it is
+ * back; each server answers it for itself.
+ */
+const LATE_PEER_ROUND_MS = 1_000;
+
+/**
+ * Checks the peers that did not answer start-up's census, one round each
+ * LATE_PEER_ROUND_MS until every one has answered: a peer on a release
+ * with the compare-and-set fix is trusted from then on, and joins the
+ * marker proof when it has trustworthy markers; one on an older release
+ * calls `onDistrust` (when `late.casCheck`) and the checks end. Stops at
+ * `stop()` or when the connection closes, leaving no timer behind.
+ */
+function watchLatePeers(
+  nc: NatsConnection,
+  stream: string,
+  late: LatePeers,
+  markers: MarkerProof,
+  onDistrust: (why: string) => void,
+): { stop(): void } {
+  const pending = new Set(late.pending);
+  const ctl = new AbortController();
+  if (!late.casCheck && markers.life <= 0) pending.clear();
+  const loop = async (): Promise<void> => {
+    while (pending.size > 0 && !ctl.signal.aborted && !nc.isClosed()) {
+      const began = performance.now();
+      const { versions } = await census(
+        nc,
+        [...pending],
+        LATE_PEER_ROUND_MS,
+        undefined,
+        ctl.signal,
+      );
+      if (ctl.signal.aborted) return;
+      for (const name of [...pending]) {
+        const ver = versions.get(name);
+        if (ver === undefined) continue;
+        if (late.casCheck && !casSafeVersion(ver)) {
+          onDistrust(
+            `server ${name}, a peer of the lease bucket's stream '${stream}' that was down when this manager started, runs nats-server ${ver}, which may let two compare-and-set updates of one revision both succeed on a replicated stream (nats-server#4320): upgrade it to 2.9.21 or later`,
+          );
+          return;
+        }
+        pending.delete(name);
+        if (markersVersion(ver)) markers.peers.add(name);
+      }
+      // A round cut short (the ping could not be sent, no responders):
+      // wait out the rest of it rather than ask again in a tight loop.
+      const rest = LATE_PEER_ROUND_MS - (performance.now() - began);
+      if (pending.size > 0 && rest > 0) {
+        await new Promise<void>((resolve) => {
+          const t = setTimeout(() => {
+            wake = undefined;
+            resolve();
+          }, rest);
+          wake = () => {
+            clearTimeout(t);
+            resolve();
+          };
+        });
+      }
+    }
+  };
+  let wake: (() => void) | undefined;
+  void loop();
+  return {
+    stop: () => {
+      ctl.abort();
+      wake?.();
+    },
+  };
+}
+
 function natsPort(
   nc: NatsConnection,
   js: JetStreamClient,
@@ -4182,6 +4288,7 @@ function natsPort(
   created: string,
   silence: number,
   markers: MarkerProof,
+  late: LatePeers,
 ): Port {
   // After a request went unanswered, the bucket may have been deleted and
   // re-created meanwhile, and a new stream can number a key's revisions
@@ -4272,6 +4379,7 @@ function natsPort(
   // come from there.
   const writePrefix = apiPrefix === "$JS.API" ? "" : `${apiPrefix}.`;
   let statusIter: { stop?: () => void } | undefined;
+  let lateWatch: { stop(): void } | undefined;
   const inbox = replyInbox(nc);
   inbox.retain();
   // A success after an unanswered request counts once the stream is
@@ -4374,11 +4482,15 @@ function natsPort(
     onLink(fn) {
       statusIter = followLink(nc, fn);
     },
+    onDistrust(fn) {
+      lateWatch ??= watchLatePeers(nc, stream, late, markers, fn);
+    },
     isClosed: () => nc.isClosed(),
     closed: () => nc.closed(),
     close: () => {
       inbox.release();
       statusIter?.stop?.();
+      lateWatch?.stop();
     },
   };
 
@@ -4727,16 +4839,24 @@ interface ServerApiReply {
 /**
  * Sends an account-scoped STATZ ping, again each STATZ_RESEND_MS, and
  * gathers the replies until every name in `wanted` has answered or `ms` have
- * passed. Never rejects.
+ * passed; with `enough`, also `settle` ms after the replies first satisfy
+ * it (the servers that are up answer within milliseconds; one that is down
+ * would hold the round for all of `ms`). Never rejects.
  */
 function census(
   nc: NatsConnection,
   wanted: readonly string[],
   ms: number,
+  enough?: {
+    met(versions: ReadonlyMap<string, string>): boolean;
+    settle: number;
+  },
+  signal?: AbortSignal,
 ): Promise<Census> {
   const result: Census = { versions: new Map() };
   return new Promise<Census>((resolve) => {
     let timer: ReturnType<typeof setTimeout> | undefined;
+    let settling: ReturnType<typeof setTimeout> | undefined;
     let resend: ReturnType<typeof setInterval> | undefined;
     let sub: { unsubscribe(): void } | undefined;
     let finished = false;
@@ -4745,6 +4865,7 @@ function census(
       finished = true;
       if (failure !== undefined) result.failure = failure;
       clearTimeout(timer);
+      clearTimeout(settling);
       clearInterval(resend);
       try {
         sub?.unsubscribe();
@@ -4774,7 +4895,14 @@ function census(
         name,
         seen === undefined ? ver : worseVersion(seen, ver),
       );
-      if (wanted.every((peer) => result.versions.has(peer))) finish();
+      if (wanted.every((peer) => result.versions.has(peer))) {
+        finish();
+      } else if (
+        enough !== undefined && settling === undefined &&
+        enough.met(result.versions)
+      ) {
+        settling = setTimeout(() => finish(), enough.settle);
+      }
     };
     try {
       // The connection's own inbox prefix, when it has one, keeps the reply
@@ -4800,6 +4928,7 @@ function census(
         }
       };
       resend = setInterval(ping, STATZ_RESEND_MS);
+      signal?.addEventListener("abort", () => finish(), { once: true });
       ping();
     } catch (err) {
       finish(
@@ -4880,38 +5009,12 @@ export async function unsafeReplicaReason(
   const left = (): number => Math.max(0, deadline - performance.now());
   const subject =
     `Cannot prove that every peer of stream '${stream}' runs nats-server 2.9.21 or later, which compare-and-set on a replicated stream needs (nats-server#4320)`;
-
-  let info: StreamInfo;
-  let unique: string[];
-  let replicas: number;
-  for (;;) {
-    try {
-      info = await within(jsm.streams.info(stream), left(), "stream info");
-    } catch (err) {
-      // Unanswered (a leader election drops requests): ask again.
-      if (isTimeout(err) && left() >= 2 * PEER_RETRY_MS) continue;
-      return `${subject}: cannot read its stream info: ${errText(err)}.`;
-    }
-    replicas = info.config.num_replicas ?? 1;
-    const peers = [
-      info.cluster?.leader,
-      ...(info.cluster?.replicas ?? []).map((r) => r.name),
-    ].filter((name): name is string => typeof name === "string" && name !== "");
-    unique = [...new Set(peers)];
-    if (replicas <= 1 && unique.length <= 1) return undefined;
-    // A stream created a moment ago may not list every peer or a leader
-    // yet; read again while the budget allows rather than refuse a bucket
-    // that is still forming. Fewer names only ever makes the check fail, so
-    // waiting for them cannot let an unproven peer through.
-    if (unique.length >= replicas || left() < 2 * PEER_RETRY_MS) break;
-    await new Promise((r) => setTimeout(r, PEER_RETRY_MS));
-  }
+  const peers = await readPeers(jsm, stream, left);
+  if (typeof peers === "string") return `${subject}: ${peers}`;
+  const { info, unique, replicas } = peers;
+  if (replicas <= 1 && unique.length <= 1) return undefined;
   if (unique.length < replicas) {
-    return `${subject}: its stream info names ${unique.length} of its ${replicas} peers (${
-      unique.length === 0 ? "none" : unique.join(", ")
-    }${
-      info.cluster?.leader ? "" : "; it has no leader"
-    }), so the others cannot be checked.`;
+    return `${subject}: ${namesTooFew(info, unique, replicas)}`;
   }
 
   const budget = left();
@@ -4963,10 +5066,9 @@ const MARKER_EARLY_MARGIN = 50;
  */
 interface MarkerProof {
   life: number;
-  peers: ReadonlySet<string>;
+  /** Grows when a peer that was down at start-up is proven later. */
+  peers: Set<string>;
 }
-
-const UNPROVEN: MarkerProof = { life: 0, peers: new Set() };
 
 /**
  * The marker life a stream's configuration gives: the max age when the
@@ -5001,43 +5103,181 @@ function heldHere(nc: NatsConnection, peers: readonly string[]): boolean {
 }
 
 /**
- * How long the bucket's stream is proven to keep a marker after an entry
- * (or a tombstone) of a key expires, and the servers checked for it; life
- * 0 when that cannot be proven.
- *
- * Proof needs both: the stream's configuration (read now, not trusted from
- * creation) asks for markers, and every server that holds the stream runs
- * nats-server 2.11.2 or later (older ones ignore the setting, or expire
- * without a marker in some cases). Never rejects: what cannot be proven only
- * costs the grace. Both can change later (a stream edit, a server rolled
- * back), so this only turns the fast path on: each grace it may shorten is
- * decided by {@linkcode currentMarkerLife} again.
+ * After a quorum of a replicated stream's peers (the leader among them)
+ * has answered the start-up census, how long the others get: servers that
+ * are up answer within milliseconds, and one that is down (a rolling
+ * restart) would otherwise hold set-up for its whole budget.
  */
-async function provenMarkerLife(
+const QUORUM_SETTLE_MS = 300;
+
+/**
+ * What start-up proved of the servers holding the bucket's stream: why it
+ * must be refused (compare-and-set is not proven safe on it), the marker
+ * proof, and the peers that did not answer in time, which the port checks
+ * when they appear (`watchLatePeers`).
+ */
+interface ServerProof {
+  refuse: string | undefined;
+  markers: MarkerProof;
+  pending: string[];
+}
+
+/**
+ * Start-up's check of the servers holding the bucket's stream, for two
+ * proofs at once: that compare-and-set is safe on it (`casCheck`, a
+ * replicated stream whose every peer must run 2.9.21 or later,
+ * nats-server#4320) and how long it keeps markers (its configuration, and
+ * 2.11.2 or later on every server holding it). Never rejects.
+ *
+ * A replicated stream is accepted once its leader and a quorum of its
+ * peers answered with safe versions and no answering peer runs an unsafe
+ * one; a peer that did not answer (down, restarting) is left `pending`.
+ * That is enough for now: #4320 is in the leader's write path, and a peer
+ * that is down leads nothing; before it can lead again it must be up, and
+ * then it answers the port's census within a second (the assumption
+ * about the server, in the safety argument). Markers are proven only for the peers that answered;
+ * each grace decision checks the stream's peers again (currentMarkerLife).
+ */
+async function proveServers(
   nc: NatsConnection,
   jsm: JetStreamManager,
   stream: string,
   timeoutMs: number,
-): Promise<MarkerProof> {
-  let info: StreamInfo;
-  try {
-    info = await within(jsm.streams.info(stream), timeoutMs, "stream info");
-  } catch {
-    return UNPROVEN;
+  casCheck: boolean,
+  wantMarkers: boolean,
+): Promise<ServerProof> {
+  const unproven = (): MarkerProof => ({ life: 0, peers: new Set() });
+  const deadline = performance.now() + timeoutMs;
+  const left = (): number => Math.max(0, deadline - performance.now());
+  const subject =
+    `Cannot prove that a quorum of the peers of stream '${stream}', its leader among them, runs nats-server 2.9.21 or later, which compare-and-set on a replicated stream needs (nats-server#4320)`;
+  const peers = await readPeers(jsm, stream, left);
+  if (typeof peers === "string") {
+    return {
+      refuse: casCheck ? `${subject}: ${peers}` : undefined,
+      markers: unproven(),
+      pending: [],
+    };
   }
-  const life = configuredMarkerLife(info);
-  if (life <= 0) return UNPROVEN;
-  const peers = streamPeers(info);
-  if (heldHere(nc, peers)) {
-    // Not clustered, or held by the server we are connected to.
-    return markersVersion(nc.info?.version ?? "")
-      ? { life, peers: new Set(peers) }
-      : UNPROVEN;
+  const { info, unique, replicas } = peers;
+  const single = replicas <= 1 && unique.length <= 1;
+  if (!single && unique.length < replicas) {
+    return {
+      refuse: casCheck
+        ? `${subject}: ${namesTooFew(info, unique, replicas)}`
+        : undefined,
+      markers: unproven(),
+      pending: [],
+    };
   }
-  const { versions } = await census(nc, [...new Set(peers)], timeoutMs);
-  return peers.every((p) => markersVersion(versions.get(p) ?? ""))
-    ? { life, peers: new Set(peers) }
-    : UNPROVEN;
+  const life = wantMarkers ? configuredMarkerLife(info) : 0;
+  if (single) {
+    // One peer: compare-and-set is safe (no Raft group; the expected
+    // sequence is checked under the stream lock). Markers need its version.
+    if (life <= 0) {
+      return { refuse: undefined, markers: unproven(), pending: [] };
+    }
+    if (heldHere(nc, unique)) {
+      return {
+        refuse: undefined,
+        markers: markersVersion(nc.info?.version ?? "")
+          ? { life, peers: new Set(unique) }
+          : unproven(),
+        pending: [],
+      };
+    }
+  }
+  if (!casCheck && life <= 0) {
+    return { refuse: undefined, markers: unproven(), pending: [] };
+  }
+  const leader = info.cluster?.leader;
+  const quorum = Math.floor(replicas / 2) + 1;
+  const budget = left();
+  const { versions, failure } = await census(nc, unique, budget, {
+    met: (seen) =>
+      (leader === undefined || seen.has(leader)) &&
+      unique.filter((p) => seen.has(p)).length >= quorum,
+    settle: QUORUM_SETTLE_MS,
+  });
+  const answered = unique.filter((p) => versions.has(p));
+  const pending = unique.filter((p) => !versions.has(p));
+  let refuse: string | undefined;
+  if (casCheck && !single) {
+    const label = (p: string) => p === leader ? `${p} (leader)` : p;
+    const problems = answered.filter((p) => !casSafeVersion(versions.get(p)!))
+      .map((p) => `${label(p)} runs ${versions.get(p)}`);
+    const missing = leader === undefined
+      ? "it has no leader"
+      : !versions.has(leader)
+      ? `its leader ${leader} is not visible to this account`
+      : answered.length < quorum
+      ? `only ${answered.join(", ")} of its ${replicas} peers answered`
+      : undefined;
+    if (missing !== undefined) {
+      problems.push(
+        `${missing} (${
+          failure ??
+            `no answer to ${STATZ_SUBJECT} within ${Math.round(budget)} ms`
+        })`,
+      );
+    }
+    if (problems.length > 0) refuse = `${subject}: ${problems.join("; ")}.`;
+  }
+  const markers = life > 0 && answered.length > 0 &&
+      answered.every((p) => markersVersion(versions.get(p)!))
+    ? { life, peers: new Set(answered) }
+    : unproven();
+  return { refuse, markers, pending };
+}
+
+/**
+ * Reads a stream's peers from its stream info, again while a stream
+ * created a moment ago does not list them all yet; a sentence when stream
+ * info cannot be read.
+ */
+async function readPeers(
+  jsm: JetStreamManager,
+  stream: string,
+  left: () => number,
+): Promise<
+  { info: StreamInfo; unique: string[]; replicas: number } | string
+> {
+  for (;;) {
+    let info: StreamInfo;
+    try {
+      info = await within(jsm.streams.info(stream), left(), "stream info");
+    } catch (err) {
+      // Unanswered (a leader election drops requests): ask again.
+      if (isTimeout(err) && left() >= 2 * PEER_RETRY_MS) continue;
+      return `cannot read its stream info: ${errText(err)}.`;
+    }
+    const replicas = info.config.num_replicas ?? 1;
+    const unique = [...new Set(streamPeers(info))];
+    // A stream created a moment ago may not list every peer or a leader
+    // yet; read again while the budget allows rather than refuse a bucket
+    // that is still forming. Fewer names only ever makes the check fail, so
+    // waiting for them cannot let an unproven peer through.
+    if (
+      (replicas <= 1 && unique.length <= 1) || unique.length >= replicas ||
+      left() < 2 * PEER_RETRY_MS
+    ) {
+      return { info, unique, replicas };
+    }
+    await new Promise((r) => setTimeout(r, PEER_RETRY_MS));
+  }
+}
+
+/** Says that stream info names fewer peers than the stream's replicas. */
+function namesTooFew(
+  info: StreamInfo,
+  unique: readonly string[],
+  replicas: number,
+): string {
+  return `its stream info names ${unique.length} of its ${replicas} peers (${
+    unique.length === 0 ? "none" : unique.join(", ")
+  }${
+    info.cluster?.leader ? "" : "; it has no leader"
+  }), so the others cannot be checked.`;
 }
 
 /**
@@ -5062,7 +5302,22 @@ function currentMarkerLife(
   if (heldHere(nc, peers)) {
     return markersVersion(nc.info?.version ?? "") ? life : 0;
   }
-  return peers.every((p) => proven.peers.has(p)) ? life : 0;
+  // A peer not proven (down at start-up, and not yet seen since) does not
+  // count once it has been silent for longer than a marker lives: whatever
+  // it did while it ran (expire a key without a marker, as a release before
+  // 2.11.2 would) is older than the life this proof vouches for, and while
+  // it stays silent it leads nothing. Stream info's `active` is the time
+  // since the leader last heard from it (measured: it grows from the kill
+  // on, and `current` stays true for seconds after), in nanoseconds.
+  const silentFor = new Map(
+    (info.cluster?.replicas ?? []).map((r) => [r.name, (r.active ?? 0) / 1e6]),
+  );
+  return peers.every((p) =>
+      proven.peers.has(p) ||
+      (p !== info.cluster?.leader && (silentFor.get(p) ?? 0) > life)
+    )
+    ? life
+    : 0;
 }
 
 /**
@@ -5195,24 +5450,21 @@ export async function createLeaseManager(
     direct = status.streamInfo.config.allow_direct === true;
     created = status.streamInfo.created;
   }
-  if (replicas > 1 && !o.allowUnverifiedReplicas) {
-    const why = await unsafeReplicaReason(
-      nc,
-      jsm,
-      `KV_${o.bucket}`,
-      setupTimeout,
+  const casCheck = replicas > 1 && !o.allowUnverifiedReplicas;
+  const proof = await proveServers(
+    nc,
+    jsm,
+    `KV_${o.bucket}`,
+    setupTimeout,
+    casCheck,
+    o.markers,
+  );
+  if (proof.refuse !== undefined) {
+    throw new Error(
+      `Cannot create lease manager on bucket '${o.bucket}'. ${proof.refuse} Upgrade the servers, use a bucket with 1 replica, or pass allowUnverifiedReplicas: true if you know every server that may hold the bucket`,
     );
-    if (why !== undefined) {
-      throw new Error(
-        `Cannot create lease manager on bucket '${o.bucket}'. ${why} Upgrade the servers, use a bucket with 1 replica, or pass allowUnverifiedReplicas: true if you know every server that may hold the bucket`,
-      );
-    }
   }
-  let markers = UNPROVEN;
-  if (o.markers) {
-    markers = await provenMarkerLife(nc, jsm, `KV_${o.bucket}`, setupTimeout);
-    o.markerLife = markers.life;
-  }
+  o.markerLife = proof.markers.life;
   const js = jetstream(nc, { timeout: o.timeout, ...domain });
   const opsJsm = await jetstreamManager(nc, {
     timeout: o.timeout,
@@ -5229,7 +5481,8 @@ export async function createLeaseManager(
       direct,
       created!,
       o.ttl,
-      markers,
+      proof.markers,
+      { pending: proof.pending, casCheck },
     ),
     o,
   );

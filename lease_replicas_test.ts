@@ -261,3 +261,172 @@ test(
     }
   },
 );
+
+// A rolling restart takes one server of three down at a time. Set-up must
+// not wait for the one that is down: the leader and a quorum, proven, are
+// enough to start, and the late peer is checked when it appears.
+
+/** Kills a server that does not lead KV_<bucket>; returns its index. */
+async function killFollower(
+  cluster: NatsCluster,
+  bucket: string,
+): Promise<number> {
+  const leader = await cluster.streamLeader(`KV_${bucket}`);
+  const victim = [0, 1, 2].find((i) => i !== leader && i !== 0)!;
+  await cluster.kill(victim);
+  // The killed one may have led the meta group; without a meta leader no
+  // JetStream request is answered, whatever this library does.
+  await cluster.waitForMetaLeader();
+  return victim;
+}
+
+/** How long a first guarded write on a never-used key takes. */
+async function firstWrite(
+  m: Awaited<ReturnType<typeof createLeaseManager>>,
+  key: string,
+): Promise<number> {
+  const started = performance.now();
+  await m.guard(key, () => {}, { wait: true, timeout: 30_000 });
+  return performance.now() - started;
+}
+
+test(
+  ...needs(
+    "createLeaseManager on an R3 bucket with one of three servers down starts within 2 s, and a never-used key is taken at once",
+    CURRENT,
+  ),
+  async () => {
+    await using cluster = await NatsCluster.start(3, { binary: CURRENT });
+    // The client stays on n0, which is never the one killed.
+    const nc = await connect({ servers: cluster.servers[0]!.url });
+    try {
+      const ttl = 2_000;
+      // Made by the manager, so it has markers (their life is the TTL).
+      const first = await createLeaseManager({
+        nc,
+        node: "maker",
+        bucket: "roll",
+        ttl,
+        replicas: 3,
+      });
+      await first.close();
+      await killFollower(cluster, "roll");
+      // Longer than a marker lives: whatever the killed server did is
+      // older than what the marker proof vouches for (currentMarkerLife).
+      await new Promise((r) => setTimeout(r, ttl + 500));
+
+      const started = performance.now();
+      const m = await createLeaseManager({ nc, node: "a", bucket: "roll" });
+      const setup = performance.now() - started;
+      try {
+        // The issue's goal is 2 s; before, set-up waited its whole 20 s
+        // budget for the dead server's STATZ answer and then refused.
+        assert.ok(setup < 2_000, `set-up took ${Math.round(setup)} ms`);
+        assert.equal(m.health().ok, true);
+        // No grace: markers prove the key never had a holder within their
+        // life. A grace would be at least the TTL.
+        const took = await firstWrite(m, "fresh");
+        assert.ok(
+          took < ttl / 2,
+          `the first write took ${Math.round(took)} ms`,
+        );
+        console.log(
+          `one of three down: set-up ${Math.round(setup)} ms, first write ${
+            Math.round(took)
+          } ms`,
+        );
+      } finally {
+        await m.close();
+      }
+    } finally {
+      await nc.close();
+    }
+  },
+);
+
+test(
+  ...needs(
+    "a peer that was down at start-up is proven when it comes back, and one that comes back older than 2.9.21 stops the manager",
+    CURRENT,
+    OLDEST,
+  ),
+  async () => {
+    await using cluster = await NatsCluster.start(3, { binary: CURRENT });
+    const nc = await connect({ servers: cluster.servers[0]!.url });
+    try {
+      const ttl = 2_000;
+      const first = await createLeaseManager({
+        nc,
+        node: "maker",
+        bucket: "late",
+        ttl,
+        replicas: 3,
+      });
+      await first.close();
+      const victim = await killFollower(cluster, "late");
+      const m = await createLeaseManager({ nc, node: "a", bucket: "late" });
+      const defunct: string[] = [];
+      m.addEventListener("defunct", (e) => defunct.push(e.reason));
+      try {
+        // Back on a release with the fix: trusted once it answers, and it
+        // joins the marker proof, so a never-used key owes no grace (while
+        // unproven and just heard from, it would owe one).
+        await cluster.servers[victim]!.restart();
+        await new Promise((r) => setTimeout(r, 2_500));
+        assert.deepEqual(defunct, []);
+        const took = await firstWrite(m, "after-return");
+        assert.ok(
+          took < ttl / 2,
+          `the first write took ${Math.round(took)} ms`,
+        );
+      } finally {
+        await m.close();
+      }
+
+      // Down again, and a new manager starts without it; then it comes
+      // back on 2.9.10, which lets two compare-and-sets of one revision both
+      // succeed when it leads (nats-server#4320): the manager stops.
+      await cluster.kill(victim);
+      await cluster.waitForMetaLeader();
+      const m2 = await createLeaseManager({ nc, node: "b", bucket: "late" });
+      const stopped = new Promise<string>((resolve) =>
+        m2.addEventListener("defunct", (e) => resolve(e.reason), { once: true })
+      );
+      try {
+        await m2.guard("k", () => {}, { wait: true, timeout: 30_000 });
+        const back = performance.now();
+        await cluster.servers[victim]!.restart({ binary: OLDEST });
+        // One census round a second: 5 s is the round, the old server's
+        // start and a loaded machine; without the late check it never stops.
+        const why = await Promise.race([
+          stopped,
+          new Promise<string>((_, reject) =>
+            setTimeout(
+              () => reject(new Error("the manager did not stop within 5 s")),
+              5_000,
+            )
+          ),
+        ]);
+        const after = performance.now() - back;
+        assert.match(
+          why,
+          new RegExp(
+            `server n${victim}.*runs nats-server 2\\.9\\.10.*nats-server#4320`,
+          ),
+        );
+        assert.equal(m2.health().ok, false);
+        assert.equal(m2.health().defunct, why);
+        await assert.rejects(m2.guard("k", () => {}), /2\.9\.10/);
+        console.log(
+          `an old peer back: manager stopped ${
+            Math.round(after)
+          } ms after its restart began`,
+        );
+      } finally {
+        await m2.close();
+      }
+    } finally {
+      await nc.close();
+    }
+  },
+);
