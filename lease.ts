@@ -3931,6 +3931,9 @@ function isStreamNotFound(err: unknown): boolean {
  */
 const SETUP_ATTEMPT = 5_000;
 
+/** The first attempt of a set-up read (or the request timeout, if longer). */
+const SETUP_FIRST_ATTEMPT = 1_000;
+
 /** Whether `err` is a request that got no answer in time. */
 function isTimeout(err: unknown): boolean {
   return err instanceof TimeoutError ||
@@ -3949,18 +3952,25 @@ function isTimeout(err: unknown): boolean {
  * or error is the request's own.
  */
 async function whileLeaderless<T>(
-  request: () => Promise<T>,
+  request: (timeout: number) => Promise<T>,
   deadline: number,
   signal: AbortSignal | undefined,
+  attempts: { first: number; most: number },
 ): Promise<T> {
+  // A request dropped during an election is asked again only once its
+  // attempt times out: the first attempts are short, so set-up follows a
+  // leader elected within a second or two, and they grow to `most` for a
+  // cluster that is merely slow to answer.
+  let timeout = Math.min(attempts.first, attempts.most);
   for (let pause = 100;; pause = Math.min(2 * pause, 1000)) {
     try {
-      return await request();
+      return await request(timeout);
     } catch (err) {
       const leaderless = err instanceof JetStreamApiError &&
         err.code === 10008;
       const again = leaderless || isTimeout(err);
       if (!again || performance.now() + pause >= deadline) throw err;
+      if (isTimeout(err)) timeout = Math.min(2 * timeout, attempts.most);
     }
     let timer: ReturnType<typeof setTimeout> | undefined;
     const wait = new Promise<void>((r) => timer = setTimeout(r, pause));
@@ -5353,17 +5363,18 @@ export async function createLeaseManager(
   const setupTimeout = Math.max(o.timeout, SETUP_TIMEOUT);
   const setupDeadline = performance.now() + setupTimeout;
   // Every set-up request is safe to repeat (see whileLeaderless).
-  const ask = <T>(request: () => Promise<T>) =>
-    whileLeaderless(request, setupDeadline, o.signal);
   // Requests get shorter attempts, asked again until the set-up deadline.
   const attempt = Math.min(setupTimeout, Math.max(o.timeout, SETUP_ATTEMPT));
+  const ask = <T>(request: (timeout: number) => Promise<T>) =>
+    whileLeaderless(request, setupDeadline, o.signal, {
+      first: Math.max(o.timeout, SETUP_FIRST_ATTEMPT),
+      most: attempt,
+    });
   // `$JS.<domain>.API` in place of `$JS.API` for every request below.
   const domain = o.domain === undefined ? {} : { domain: o.domain };
   let jsm: JetStreamManager;
   try {
-    jsm = await ask(() =>
-      jetstreamManager(nc, { timeout: attempt, ...domain })
-    );
+    jsm = await ask((timeout) => jetstreamManager(nc, { timeout, ...domain }));
   } catch (err) {
     if (isNoResponders(err)) {
       throw new Error(
@@ -5377,7 +5388,12 @@ export async function createLeaseManager(
     }
     throw err;
   }
-  const existing = await ask(() => bucketStatus(jsm, o.bucket));
+  const existing = await ask(async (timeout) =>
+    bucketStatus(
+      await jetstreamManager(nc, { timeout, ...domain, checkAPI: false }),
+      o.bucket,
+    )
+  );
   if (existing) {
     if (existing.ttl <= 0) {
       throw new RangeError(
