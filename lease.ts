@@ -769,10 +769,14 @@ export interface LeaseManagerOptions {
    */
   replicas?: number;
   /**
-   * Accept a replicated bucket whose servers could not all be proven to be
+   * Accept a replicated bucket whose servers could not be proven to be
    * nats-server 2.9.21 or later (older ones let two compare-and-set updates
-   * of one revision both succeed, nats-server#4320). Only for operators who
-   * know every server that may ever hold the bucket's stream.
+   * of one revision both succeed, nats-server#4320). Without it, set-up
+   * needs the stream's leader and a quorum of its peers to answer with such
+   * a release; a peer that is down then needs no override: it is checked
+   * once a second until it answers, and one on an older release stops the
+   * manager. Only for operators who know every server that may ever hold
+   * the bucket's stream (or whose servers have no system account to ask).
    * @default {false}
    */
   allowUnverifiedReplicas?: boolean;
