@@ -216,6 +216,13 @@ const OPTIONS: readonly Opt[] = [
       `where lease may make a cgroup; exits ${EXIT.NO_CONTAIN} if it may not)`,
   },
   {
+    flag: "--allow-unverified-replicas",
+    subs: ["run", "holder", "watch", "shards"],
+    text: "accept a replicated bucket whose servers cannot be proven\n" +
+      "to run nats-server 2.9.21 or later (servers without a system\n" +
+      "account); a server merely down needs no flag",
+  },
+  {
     flag: "--json",
     subs: ["holder", "watch"],
     text: 'print {"key":..,"holder":{"node":..,"epoch":..}|null} lines',
@@ -487,6 +494,8 @@ interface Args {
   killAfter?: number;
   lostStatus: number;
   contain: boolean;
+  /** `--allow-unverified-replicas`: createLeaseManager's override. */
+  allowUnverifiedReplicas: boolean;
   json: boolean;
   /** `--prefix P` of `ls` and `watch`. */
   prefix?: string;
@@ -536,6 +545,7 @@ function parse(argv: string[]): Args {
     node: `${os.hostname()}-${process.pid}`,
     lostStatus: EXIT.LOST,
     contain: false,
+    allowUnverifiedReplicas: false,
     json: false,
     all: false,
     help: false,
@@ -609,6 +619,9 @@ function parse(argv: string[]): Args {
       }
       case "--contain":
         a.contain = true;
+        break;
+      case "--allow-unverified-replicas":
+        a.allowUnverifiedReplicas = true;
         break;
       case "--servers":
         a.servers = value().split(",");
@@ -788,6 +801,7 @@ async function open(
       node: opts.node ?? a.node,
       bucket: a.bucket,
       createBucket: opts.createBucket,
+      allowUnverifiedReplicas: a.allowUnverifiedReplicas,
       ...(a.domain === undefined ? {} : { domain: a.domain }),
       ...(a.ttl === undefined ? {} : { ttl: a.ttl }),
     });
@@ -875,7 +889,15 @@ async function openFailure(
     return new UsageError(err.message);
   }
   if (ttl === undefined) return noBucket(a);
-  return new UnavailableError(a.key, (err as Error).message, { cause: err });
+  return new UnavailableError(
+    a.key,
+    // The override's name on the command line.
+    (err as Error).message.replace(
+      "pass allowUnverifiedReplicas: true",
+      "pass --allow-unverified-replicas",
+    ),
+    { cause: err },
+  );
 }
 
 /** Kills a process group; false when it is gone. */

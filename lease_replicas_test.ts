@@ -9,6 +9,9 @@
 import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import * as fs from "node:fs";
+import { execFile } from "node:child_process";
+import process from "node:process";
+import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
@@ -64,6 +67,25 @@ function needs(
 }
 
 type Connection = Awaited<ReturnType<typeof connect>>;
+
+/** Runs `lease ARGS` under this test's runtime, to its exit. */
+function cli(
+  args: string[],
+): Promise<{ code: number; out: string; err: string }> {
+  const file = fileURLToPath(new URL("./cli.ts", import.meta.url));
+  const [cmd, pre] = "Deno" in globalThis
+    ? [process.execPath, ["run", "-A", file]]
+    : [process.execPath, [file]];
+  const env: Record<string, string | undefined> = { ...process.env };
+  delete env.NODE_TEST_CONTEXT;
+  return new Promise((resolve, reject) => {
+    execFile(cmd, [...pre, ...args], { env }, (err, out, errOut) => {
+      const code = err === null ? 0 : (err as { code?: unknown }).code;
+      if (typeof code !== "number") reject(err);
+      else resolve({ code, out, err: errOut });
+    });
+  });
+}
 
 async function withBucket(
   nc: Connection,
@@ -212,6 +234,30 @@ test(
         allowUnverifiedReplicas: true,
       });
       await m.close();
+      // The command refuses it too, naming its own flag, and takes the
+      // override as a flag.
+      const refused = await cli([
+        "holder",
+        "k",
+        "--servers",
+        cluster.servers[1]!.url,
+        "--bucket",
+        "mixed",
+      ]);
+      assert.equal(refused.code, 69, refused.err);
+      assert.match(refused.err, /runs 2\.9\.10/);
+      assert.match(refused.err, /--allow-unverified-replicas/);
+      const allowed = await cli([
+        "holder",
+        "k",
+        "--servers",
+        cluster.servers[1]!.url,
+        "--bucket",
+        "mixed",
+        "--allow-unverified-replicas",
+      ]);
+      assert.equal(allowed.code, 0, allowed.err);
+      assert.equal(allowed.out.trim(), "k: none");
       // R1 on the same cluster is accepted without any override.
       const m1 = await createLeaseManager({ nc, node: "a", bucket: "single" });
       await m1.close();
@@ -286,7 +332,10 @@ async function firstWrite(
   key: string,
 ): Promise<number> {
   const started = performance.now();
-  await m.guard(key, () => {}, { wait: true, timeout: 30_000 });
+  await m.guard(key, () => {}, {
+    wait: true,
+    signal: AbortSignal.timeout(30_000),
+  });
   return performance.now() - started;
 }
 
@@ -393,7 +442,10 @@ test(
         m2.addEventListener("defunct", (e) => resolve(e.reason), { once: true })
       );
       try {
-        await m2.guard("k", () => {}, { wait: true, timeout: 30_000 });
+        await m2.guard("k", () => {}, {
+          wait: true,
+          signal: AbortSignal.timeout(30_000),
+        });
         const back = performance.now();
         await cluster.servers[victim]!.restart({ binary: OLDEST });
         // One census round a second: 5 s is the round, the old server's
