@@ -218,9 +218,7 @@ const OPTIONS: readonly Opt[] = [
   {
     flag: "--allow-unverified-replicas",
     subs: ["run", "holder", "watch", "shards"],
-    text: "accept a replicated bucket whose servers cannot be proven\n" +
-      "to run nats-server 2.9.21 or later (servers without a system\n" +
-      "account); a server merely down needs no flag",
+    text: "skip the check of the bucket's servers' versions",
   },
   {
     flag: "--json",
