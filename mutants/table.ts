@@ -227,9 +227,6 @@ export const MUTANTS: readonly Mutant[] = [
     name: "bad input",
     what: "a limit one above the largest is accepted",
   },
-  // A known survivor: no test pauses a turnstile holder between its census
-  // and its slot's compare-and-set (issue 36 asks for one); until then the
-  // turnstile's own tenure bounds the harm to one TTL plus the grace.
   {
     id: "S6",
     file: "semaphore.ts",
@@ -237,6 +234,7 @@ export const MUTANTS: readonly Mutant[] = [
         started();`,
     replace: `        started();`,
     test: "semaphore_test.ts",
+    name: "a turnstile holder paused between its census",
     what: "a slot is taken without checking that the turnstile is still held",
   },
   // --- shards.ts -----------------------------------------------------------
