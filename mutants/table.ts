@@ -32,7 +32,11 @@ export interface Mutant {
   readonly what: string;
 }
 
-/** The table: the command and its watchdog first, then the recipes. */
+/**
+ * The table: the command and its watchdog first, then the recipes, the
+ * manager's events and `health()`, `./otel`, `lease ls` and `lease watch`,
+ * and the input checks.
+ */
 export const MUTANTS: readonly Mutant[] = [
   // --- cli_watchdog.ts: what stops the command when lease cannot ---------
   {
@@ -251,4 +255,150 @@ export const MUTANTS: readonly Mutant[] = [
   // and checks the tenure its write runs under; each mutant removing one of
   // the two survived (the other refuses), so they guard each other and no
   // test tells them apart yet.
+  // --- lease.ts: events -----------------------------------------------------
+  {
+    id: "EV1",
+    file: "lease.ts",
+    find: `          why === "overwritten" ? st.foreign : undefined,`,
+    replace: `          undefined,`,
+    test: "lease_events_test.ts",
+    name: "another node's write over the key",
+    what: "a loss to another node's write does not name that node",
+  },
+  {
+    id: "EV2",
+    file: "lease.ts",
+    find: `    if (live) {
+      this.#emit(new LeaseReleasedEvent(`,
+    replace: `    if (released) {
+      this.#emit(new LeaseReleasedEvent(`,
+    test: "lease_events_test.ts",
+    name: "a key deleted behind its holder",
+    what: "a release that leaves its entry to expire dispatches no released",
+  },
+  {
+    id: "EV3",
+    file: "lease.ts",
+    find:
+      `            if (timed && this.#renewedHeard && st.held && st.tenure === t) {`,
+    replace:
+      `            if (this.#renewedHeard && st.held && st.tenure === t) {`,
+    test: "lease_events_test.ts",
+    name: "^events and health\\(\\) renewed:",
+    what: "a renewal made by a CAS guard's batch also dispatches renewed",
+  },
+  {
+    id: "EV4",
+    file: "lease.ts",
+    find: `    if (type === "renewed") this.#renewedHeard = true;`,
+    replace: ``,
+    test: "lease_events_test.ts",
+    name: "^events and health\\(\\) renewed:",
+    what: "a listener for renewed is not noted, so none is ever dispatched",
+  },
+  {
+    id: "EV5",
+    file: "lease.ts",
+    find: `    const left = Math.max(0, t.validUntil - this.#port.now());`,
+    replace: `    const left = Math.max(0, this.#port.now() - t.validUntil);`,
+    test: "lease_events_test.ts",
+    name: "a paused server: renewal-failed",
+    what:
+      "renewal-failed reports the time past the deadline (0 while time is left)",
+  },
+  {
+    id: "EV6",
+    file: "lease.ts",
+    find: `      this.#guarded.set(listener, guarded);`,
+    replace: ``,
+    test: "lease_events_test.ts",
+    name: "a listener that throws",
+    what:
+      "removeEventListener cannot find the wrapped listener: a removed listener is still called",
+  },
+  {
+    id: "EV7",
+    file: "lease.ts",
+    find: `    if (!this.#stopped) this.#emit(new LeaseDefunctEvent(why));`,
+    replace: `    if (this.#stopped) this.#emit(new LeaseDefunctEvent(why));`,
+    test: "lease_events_test.ts",
+    name: "a deleted bucket: lost \\(defunct\\)",
+    what: "a running manager that goes defunct dispatches no defunct",
+  },
+  {
+    id: "EV8",
+    file: "lease.ts",
+    find:
+      `    this.#emit(new LeaseAcquiredEvent(st.key, seq, t.id, grace, found));`,
+    replace:
+      `    this.#emit(new LeaseAcquiredEvent(st.key, seq, t.id, 0, found));`,
+    test: "lease_events_test.ts",
+    name: "a key deleted behind its holder",
+    what: "acquired reports no grace owed when one is",
+  },
+  {
+    id: "EV9",
+    file: "lease.ts",
+    find: `      if (why === "released") return;`,
+    replace: ``,
+    test: "lease_events_test.ts",
+    name: "a holder change",
+    what: "a release is also dispatched as a loss",
+  },
+  // --- lease.ts: health() ---------------------------------------------------
+  {
+    id: "HL1",
+    file: "lease.ts",
+    find: `      if (now - st.renewAt > this.ttl / 3) overdue.push(st.key);`,
+    replace: `      if (now - st.renewAt > this.ttl) overdue.push(st.key);`,
+    test: "lease_test.ts",
+    name: "health\\(\\): a renewal overdue",
+    what: "a renewal counts as overdue only a TTL after it was due",
+  },
+  {
+    id: "HL2",
+    file: "lease.ts",
+    find:
+      `      if (t.suspended || t.validUntil - now < margin) expiring.push(st.key);`,
+    replace: `      if (t.validUntil - now < margin) expiring.push(st.key);`,
+    test: "lease_events_test.ts",
+    name: "health\\(\\) while the connection is down",
+    what: "a lease suspended by a lost connection is not reported as expiring",
+  },
+  {
+    id: "HL3",
+    file: "lease.ts",
+    find: `    const connected = this.#linkUp && !this.#port.isClosed();`,
+    replace: `    const connected = !this.#port.isClosed();`,
+    test: "lease_events_test.ts",
+    name: "health\\(\\) while the connection is down",
+    what: "a connection that is down but not closed is reported connected",
+  },
+  {
+    id: "HL4",
+    file: "lease.ts",
+    find: `      ok: !closed && this.#defunct === undefined && connected &&`,
+    replace: `      ok: this.#defunct === undefined && connected &&`,
+    test: "lease_events_test.ts",
+    name: "a listener that throws",
+    what: "a closed manager reports ok",
+  },
+  {
+    id: "HL5",
+    file: "lease.ts",
+    find: `    const closed = this.#closing !== undefined || this.#stopped;`,
+    replace: `    const closed = this.#stopped;`,
+    test: "lease_events_test.ts",
+    name: "a listener that throws",
+    what: "health() says ok, not closed, while close() is settling",
+  },
+  {
+    id: "HL6",
+    file: "lease.ts",
+    find: `    if (typeof margin !== "number" || !(margin >= 0)) {`,
+    replace: `    if (typeof margin !== "number" || margin < 0) {`,
+    test: "lease_events_test.ts",
+    name: "a listener that throws",
+    what: "health() takes a NaN margin, under which no key is ever expiring",
+  },
 ];
