@@ -401,4 +401,98 @@ export const MUTANTS: readonly Mutant[] = [
     name: "a listener that throws",
     what: "health() takes a NaN margin, under which no key is ever expiring",
   },
+  // --- otel.ts ----------------------------------------------------------------
+  {
+    id: "OT1",
+    file: "otel.ts",
+    find: `      attrs["lease.lost.reason"] = (e as LeaseLostEvent).reason;`,
+    replace: ``,
+    test: "otel_test.ts",
+    name: "lease.transitions and lease.held follow",
+    what: "a loss is counted without its reason",
+  },
+  {
+    id: "OT2",
+    file: "otel.ts",
+    find: `  return name === "NotHolderError"
+    ? NOT_HOLDER`,
+    replace: `  return name === "NotHolderError"
+    ? UNAVAILABLE`,
+    test: "otel_test.ts",
+    name: "a rejected guard is counted",
+    what: "a guard refused by another holder is counted as unavailable",
+  },
+  {
+    id: "OT3",
+    file: "otel.ts",
+    find:
+      `    const t0 = check === 0 || this.#leaseDurations ? performance.now() : -1;`,
+    replace: `    const t0 = performance.now();`,
+    test: "otel_test.ts",
+    name: "guard\\(\\) counts every guard",
+    what: "lease-checked guards are timed without leaseDurations",
+  },
+  {
+    id: "OT4",
+    file: "otel.ts",
+    find: `      attrs["lease.lost.reason"] = (e as LeaseLostEvent).reason;
+    }
+    if (this.#perKey) attrs["lease.key"] = e.key;`,
+    replace: `      attrs["lease.lost.reason"] = (e as LeaseLostEvent).reason;
+    }`,
+    test: "otel_test.ts",
+    name: "perKey adds lease.key",
+    what: "perKey leaves the key out of lease.transitions",
+  },
+  {
+    id: "OT5",
+    file: "otel.ts",
+    find: `    for (const [type, listener] of this.#listeners) {
+      this.#inner.removeEventListener(type, listener);
+    }`,
+    replace: ``,
+    test: "otel_test.ts",
+    name: "stop\\(\\) flushes what was measured",
+    what: "stop() leaves the event listeners: transitions are counted after it",
+  },
+  {
+    id: "OT6",
+    file: "otel.ts",
+    find: `      !(typeof v === "number" && Number.isFinite(v))`,
+    replace: `      typeof v !== "number"`,
+    test: "otel_test.ts",
+    name: "attributes tell apart two managers",
+    what: "an attribute of NaN or Infinity is accepted",
+  },
+  {
+    id: "OT7",
+    file: "otel.ts",
+    find:
+      `      result.observe(this.#held, this.#inner.health().held, this.#base);`,
+    replace: `      result.observe(this.#held, this.#inner.health().held);`,
+    test: "otel_test.ts",
+    name: "attributes tell apart two managers",
+    what: "lease.held is reported without the caller's attributes",
+  },
+  {
+    id: "OT8",
+    file: "otel.ts",
+    find:
+      `    const n = this.#pendingSeconds.push((performance.now() - t0) / 1000);`,
+    replace: `    const n = this.#pendingSeconds.push(performance.now() - t0);`,
+    test: "otel_test.ts",
+    name: "guard\\(\\) counts every guard",
+    what: "guard durations are recorded in milliseconds, not seconds",
+  },
+  {
+    id: "OT9",
+    file: "otel.ts",
+    find: `      if (ran) {
+        this.#settle(key, check, ERROR, t0, err);`,
+    replace: `      if (false) {
+        this.#settle(key, check, ERROR, t0, err);`,
+    test: "otel_test.ts",
+    name: "guard\\(\\) counts every guard",
+    what: "a write's own error is counted as a rejection",
+  },
 ];
