@@ -495,4 +495,87 @@ export const MUTANTS: readonly Mutant[] = [
     name: "guard\\(\\) counts every guard",
     what: "a write's own error is counted as a rejection",
   },
+  // --- cli_ls.ts and cli.ts: lease ls and lease watch -----------------------
+  {
+    id: "LS1",
+    file: "cli_ls.ts",
+    find:
+      `    return { ...none, state: marker === "MaxAge" ? "expired" : "removed" };`,
+    replace: `    return { ...none, state: "expired" };`,
+    test: "cli_ls_test.ts",
+    name: "^lease ls and lease watch --prefix rowOf:",
+    what: "every server marker (a purge's too) is read as an expiry",
+  },
+  {
+    id: "LS2",
+    file: "cli_ls.ts",
+    find:
+      `  if (op === "DEL") return { ...none, state: tag ? "released" : "removed" };`,
+    replace: `  if (op === "DEL") return { ...none, state: "released" };`,
+    test: "cli_ls_test.ts",
+    name: "^lease ls and lease watch --prefix rowOf:",
+    what: "anyone's delete is read as a lease manager's clean release",
+  },
+  {
+    id: "LS3",
+    file: "cli_ls.ts",
+    find: `    state: left !== null && left <= 0 ? "expired" : "held",`,
+    replace: `    state: left !== null && left < 0 ? "expired" : "held",`,
+    test: "cli_ls_test.ts",
+    name: "^lease ls and lease watch --prefix rowOf:",
+    what: "an entry exactly a TTL old is shown as held",
+  },
+  {
+    id: "LS4",
+    file: "cli_ls.ts",
+    find: `    epoch: tagged > 0 ? tagged : m.seq,`,
+    replace: `    epoch: m.seq,`,
+    test: "cli_ls_test.ts",
+    name: "^lease ls and lease watch --prefix rowOf:",
+    what: "a renewed entry's epoch is its revision, not its tag's epoch",
+  },
+  {
+    id: "LS5",
+    file: "cli_ls.ts",
+    find:
+      "  return prefix === undefined ? `$KV.${bucket}.>` : `$KV.${bucket}.${prefix}.>`;",
+    replace: "  return `$KV.${bucket}.>`;",
+    test: "cli_ls_test.ts",
+    name: "lease ls shows keys held",
+    what: "--prefix is ignored: every key of the bucket is listed and watched",
+  },
+  {
+    id: "LS6",
+    file: "cli.ts",
+    find: `    if (ended !== undefined) {
+      throw new UnavailableError(`,
+    replace: `    if (false) {
+      throw new UnavailableError(`,
+    test: "cli_ls_test.ts",
+    name: "a deleted bucket ends lease watch",
+    what: "lease watch --all/--prefix exits 0 when its bucket is deleted",
+  },
+  {
+    id: "LS7",
+    file: "cli.ts",
+    find: `    if (rest.length > 1) {
+      throw fail(
+        \`lease ls takes no KEY`,
+    replace: `    if (rest.length > 2) {
+      throw fail(
+        \`lease ls takes no KEY`,
+    test: "cli_ls_test.ts",
+    name: "bad input exits 64",
+    what: "lease ls KEY is taken, the KEY ignored",
+  },
+  {
+    id: "LS8",
+    file: "cli.ts",
+    find:
+      `  if ((sub === "ls" || a.prefix !== undefined || a.all) && dash >= 0) {`,
+    replace: `  if (sub === "ls" && dash >= 0) {`,
+    test: "cli_ls_test.ts",
+    name: "bad input exits 64",
+    what: "lease watch --prefix P -- CMD is taken, the command ignored",
+  },
 ];
