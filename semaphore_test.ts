@@ -171,6 +171,8 @@ describe("semaphore", () => {
       TypeError,
     );
     const sem = semaphore(m, "s", { limit: 2 });
+    const c = conns.at(-1)!; // m's connection
+    const out = c.stats().outMsgs;
     await assert.rejects(sem.guard(42 as unknown as () => void), TypeError);
     await assert.rejects(
       sem.guard(() => {}, { wait: "yes" as unknown as boolean }),
@@ -185,6 +187,8 @@ describe("semaphore", () => {
       sem.acquire({ signal: AbortSignal.abort(reason) }),
       (e) => e === reason,
     );
+    // Refused before the turnstile or a census was asked for.
+    assert.equal(c.stats().outMsgs, out);
     assert.equal((await sem.holders()).size, 0);
   });
 

@@ -578,4 +578,155 @@ export const MUTANTS: readonly Mutant[] = [
     name: "bad input exits 64",
     what: "lease watch --prefix P -- CMD is taken, the command ignored",
   },
+  // --- input checks -----------------------------------------------------------
+  {
+    id: "IN1",
+    file: "lease.ts",
+    find:
+      `    typeof value !== "number" || !Number.isFinite(value) || value < min ||
+    value > max`,
+    replace:
+      `    typeof value !== "number" || !Number.isFinite(value) || value < min ||
+    value >= max`,
+    test: "lease_test.ts",
+    name: "rejects a TTL above the longest timer",
+    what: "the longest duration (2^31 - 1 ms) is refused",
+  },
+  {
+    id: "IN2",
+    file: "lease.ts",
+    find: `const KEY_RE = /^[-/=\\w]+(\\.[-/=\\w]+)*$/;`,
+    replace: `const KEY_RE = /^[-/=\\w]+(\\.[-/=\\w]*)*$/;`,
+    test: "lease_test.ts",
+    name: "reject key",
+    what: "a key with an empty token ('a.', 'a..b') is taken",
+  },
+  {
+    id: "IN3",
+    file: "lease.ts",
+    find: `const DOMAIN_RE = /^[^\\s.*>]+$/;`,
+    replace: `const DOMAIN_RE = /^[^\\s*>]+$/;`,
+    test: "lease_test.ts",
+    name: "rejects domain with a dot",
+    what: "a domain of two subject tokens is taken",
+  },
+  {
+    id: "IN4",
+    file: "lease.ts",
+    find: `  checkBoolean("markers", options.markers);`,
+    replace: ``,
+    test: "lease_test.ts",
+    name: "rejects markers not boolean",
+    what: "'markers' is not checked (a string 'no' counts as true)",
+  },
+  {
+    id: "IN5",
+    file: "lease.ts",
+    find:
+      `    : checkDuration("idleRelease", options.idleRelease, 1, 2 ** 31 - 1);`,
+    replace:
+      `    : checkDuration("idleRelease", options.idleRelease, 0, 2 ** 31 - 1);`,
+    test: "lease_test.ts",
+    name: "rejects idleRelease 0",
+    what: "an idleRelease of 0 is taken",
+  },
+  {
+    id: "IN6",
+    file: "lease.ts",
+    find: `    : checkDuration("timeout", options.timeout, 1, o.ttl);`,
+    replace: `    : checkDuration("timeout", options.timeout, 1, 2 ** 31 - 1);`,
+    test: "lease_test.ts",
+    name: "rejects timeout above ttl",
+    what: "a timeout longer than the TTL is taken",
+  },
+  {
+    id: "IN7",
+    file: "lease.ts",
+    find: `  if (typeof node !== "string" || node.trim() === "") {`,
+    replace: `  if (typeof node !== "string" || node === "") {`,
+    test: "lease_test.ts",
+    name: "rejects blank node",
+    what: "a node id of spaces is taken",
+  },
+  {
+    id: "IN8",
+    file: "semaphore.ts",
+    find: `  if (typeof resize !== "boolean") {`,
+    replace: `  if (false) {`,
+    test: "semaphore_test.ts",
+    name: "bad input",
+    what: "'resize' is not checked",
+  },
+  {
+    id: "IN9",
+    file: "semaphore.ts",
+    find:
+      `  if (o.check !== undefined && o.check !== "cas" && o.check !== "lease") {`,
+    replace: `  if (false) {`,
+    test: "semaphore_test.ts",
+    name: "bad input",
+    what:
+      "a semaphore guard's 'check' is not checked: the manager refuses it only after the turnstile was taken",
+  },
+  {
+    id: "IN10",
+    file: "cli.ts",
+    find:
+      `        if (!/^\\d+$/.test(v) || a.lostStatus < 1 || a.lostStatus > 255) {`,
+    replace:
+      `        if (!/^\\d+$/.test(v) || a.lostStatus < 1 || a.lostStatus > 256) {`,
+    test: "cli_test.ts",
+    name: "numbers out of their range",
+    what: "--lost-status 256 is taken (an exit status wraps to 0)",
+  },
+  {
+    id: "IN11",
+    file: "cli.ts",
+    find:
+      `          !/^\\d+$/.test(v) || a.limit < 1 || a.limit > MAX_SEMAPHORE_LIMIT`,
+    replace:
+      `          !/^\\d+$/.test(v) || a.limit < 1 || a.limit > MAX_SEMAPHORE_LIMIT + 1`,
+    test: "cli_test.ts",
+    name: "numbers out of their range",
+    what: "-n one above the largest limit is taken",
+  },
+  {
+    id: "IN12",
+    file: "cli.ts",
+    find: `        if (!/^\\d+$/.test(v) || n < 1 || n > max) {`,
+    replace: `        if (!/^\\d+$/.test(v) || n < 1 || n > max + 1) {`,
+    test: "cli_test.ts",
+    name: "numbers out of their range",
+    what: "--count and --max-members one above their largest are taken",
+  },
+  {
+    id: "IN13",
+    file: "cli.ts",
+    find: `  if (a.ttl !== undefined && a.ttl < MIN_TTL) {`,
+    replace: `  if (a.ttl !== undefined && a.ttl < MIN_TTL - 1) {`,
+    test: "cli_test.ts",
+    name: "numbers out of their range",
+    what: "--ttl one below the shortest is taken",
+  },
+  {
+    id: "IN14",
+    file: "cli.ts",
+    find:
+      `  if (value === undefined || !/^\\d+$/.test(value) || !Number.isSafeInteger(n)) {`,
+    replace: `  if (value === undefined || !/^\\d+$/.test(value)) {`,
+    test: "cli_test.ts",
+    name: "numbers out of their range",
+    what: "a duration beyond 2^53 is taken (and rounded)",
+  },
+  {
+    id: "IN15",
+    file: "cli.ts",
+    find:
+      `    a.ttl !== undefined && a.killAfter !== undefined && a.killAfter >= a.ttl`,
+    replace:
+      `    a.ttl !== undefined && a.killAfter !== undefined && a.killAfter > a.ttl`,
+    test: "cli_test.ts",
+    name: "bad arguments exit 64-67",
+    what: "--kill-after equal to --ttl is taken",
+  },
 ];
