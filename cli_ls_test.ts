@@ -85,12 +85,19 @@ describe("lease ls and lease watch --prefix", () => {
         [["ls", "k"], /lease ls takes no KEY/],
         [["ls", "--all"], /lease ls has no option --all/],
         [["watch", "--prefix", "x.*"], /not a pattern/],
+        [["watch", "--prefix", "p", "--", "true"], /watch takes no command/],
         [["watch", "--prefix", "p", "--all"], /--prefix or --all, not both/],
         [["watch", "k", "--all"], /KEY or --all, not both/],
         [["watch"], /needs a KEY \(or --prefix P, or --all\)/],
       ] as const
     ) {
-      const r = lease([...args, ...nowhere]);
+      // Before a `--`: after it, they would be a command's words.
+      const dash = (args as readonly string[]).indexOf("--");
+      const r = lease(
+        dash < 0
+          ? [...args, ...nowhere]
+          : [...args.slice(0, dash), ...nowhere, ...args.slice(dash)],
+      );
       assert.equal(await r.exited, 64, `${args.join(" ")}: ${r.err()}`);
       assert.match(r.err(), why);
     }
@@ -285,6 +292,8 @@ describe("lease ls and lease watch --prefix", () => {
       time: 1_000,
     };
     assert.equal(rowOf("k", put, 1_000 + 1_999, 2_000).state, "held");
+    // A TTL old: the server may remove it now.
+    assert.equal(rowOf("k", put, 1_000 + 2_000, 2_000).state, "expired");
     const late = rowOf("k", put, 1_000 + 2_050, 2_000);
     assert.deepEqual(
       [late.state, late.holder, late.epoch, late.expiresInMs],

@@ -255,6 +255,50 @@ describe("the lease command", () => {
     assert.match(help.out(), /LEASE_TENURE/);
   });
 
+  test("numbers out of their range exit 64 or 66 before connecting, each one past its bound: --lost-status 256, -n 10001, --count 4097, --max-members 257, --ttl 499, a duration past 2^53", async () => {
+    // Each would otherwise be taken, and lease would go on to dial the
+    // unreachable server (exit 68).
+    const nowhere = ["--servers", "127.0.0.1:1"];
+    for (
+      const [args, code, why] of [
+        [
+          ["run", "k", "--lost-status", "256", "--", "true"],
+          64,
+          /--lost-status needs an exit status from 1 to 255: received "256"/,
+        ],
+        [
+          ["run", "k", "-n", "10001", "--", "true"],
+          64,
+          /-n needs a number of slots from 1 to 10000: received "10001"/,
+        ],
+        [
+          ["shards", "jobs", "--count", "4097"],
+          64,
+          /--count needs a whole number from 1 to 4096: received "4097"/,
+        ],
+        [
+          ["shards", "jobs", "--count", "4", "--max-members", "257"],
+          64,
+          /--max-members needs a whole number from 1 to 256: received "257"/,
+        ],
+        [
+          ["run", "k", "--ttl", "499", "--", "true"],
+          66,
+          /--ttl must be at least 500 ms: received 499/,
+        ],
+        [
+          ["run", "k", "--ttl", "9007199254740993", "--", "true"],
+          66,
+          /--ttl needs a duration in milliseconds .*: received "9007199254740993"/,
+        ],
+      ] as const
+    ) {
+      const r = lease([...args, ...nowhere]);
+      assert.equal(await r.exited, code, `${args.join(" ")}: ${r.err()}`);
+      assert.match(r.err(), why);
+    }
+  });
+
   test("--opt=value works as --opt value, for lease run and lease holder; a switch given a value exits 64", async () => {
     const file = path.join(tmp, "eq");
     const key = uniq("eq");

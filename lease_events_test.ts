@@ -1,7 +1,8 @@
 // What a manager tells its listeners and its health probe (issue 20): the
 // events of a holder change, a loss by a paused server, an overwrite, a
 // deleted bucket and a clean release, each checked against what happened;
-// health() turning bad while the server is paused and good again after.
+// health() turning bad while the server is paused or the connection down,
+// and good again after.
 // Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
 // picks the server binary.
 import { after, describe } from "node:test";
@@ -280,6 +281,43 @@ describe("events and health()", () => {
     assert.ok(a.health().ok, JSON.stringify(a.health()));
   });
 
+  test("health() while the connection is down: not connected, its lease expiring (not vouched for), not ok; connected and ok again once the server is back", async () => {
+    // A server of its own: this one is stopped and restarted.
+    await using own = await NatsServer.start();
+    const nc = await conn(own.url);
+    const ttl = 3000;
+    const a = await createLeaseManager({
+      nc,
+      node: "a",
+      bucket: uniq("ev"),
+      ttl,
+    });
+    try {
+      await guardUntil(a, "k", () => {}, 5000);
+      assert.ok(a.health().ok, JSON.stringify(a.health()));
+      await own.stop();
+      await eventually(
+        () => !a.health().connected,
+        ttl / 3,
+        "health() to see the connection down",
+      );
+      // Well inside the deadline (2/3 TTL at least after the last renewal,
+      // more than the margin of TTL/3): expiring because it is suspended.
+      const down = a.health();
+      assert.deepEqual(
+        [down.ok, down.connected, down.held, down.expiring],
+        [false, false, 1, ["k"]],
+        JSON.stringify(down),
+      );
+      await own.restart();
+      await eventually(() => a.health().ok, 3 * ttl, "health() to turn good");
+      assert.equal(a.health().connected, true);
+    } finally {
+      await a.close();
+      await nc.close();
+    }
+  });
+
   test("a deleted bucket: lost (defunct) for each held key, then defunct once; health() says why", async () => {
     const bucket = uniq("ev");
     const a = await manager("a", bucket);
@@ -379,13 +417,20 @@ describe("events and health()", () => {
         "the second acquisition",
       );
       assert.equal(errors.length, 1, "a removed listener was called");
-      const { released } = await a.close();
+      const closing = a.close();
+      // Closed from the call on, not only once the keys have settled: a
+      // probe asked meanwhile must not say ok.
+      const during = a.health();
+      assert.deepEqual([during.ok, during.closed], [false, true]);
+      const { released } = await closing;
       assert.deepEqual(released, ["k"]);
       await sleep(10);
       assert.equal(of(seen, "released").at(-1)?.clean, true);
       const h = a.health();
       assert.deepEqual([h.ok, h.closed, h.held], [false, true, 0]);
       assert.throws(() => a.health({ margin: -1 }), RangeError);
+      // NaN would compare false with every time left: nothing expiring.
+      assert.throws(() => a.health({ margin: NaN }), RangeError);
     } finally {
       console.error = consoleError;
     }

@@ -803,6 +803,8 @@ describe("lease manager on one server", () => {
       ["replicas 1.5", { replicas: 1.5 }, /'replicas'/],
       ["timeout above ttl", { timeout: 5000 }, /'timeout'.*5000/],
       ["restartGrace not boolean", { restartGrace: "yes" }, /'restartGrace'/],
+      ["markers not boolean", { markers: "no" }, /'markers'.*"no"/],
+      ["idleRelease 0", { idleRelease: 0 }, /'idleRelease'.*received 0/],
       ["signal not a signal", { signal: {} }, /'signal'/],
       ["check not a mode", { check: "fast" }, /'check'.*"fast"/],
       ["domain with a dot", { domain: "a.b" }, /'domain'.*"a\.b"/],

@@ -323,7 +323,8 @@ describe("instrument()", () => {
     }
     await timed.guard("k", () => {}, { check: "lease" });
     await assert.rejects(
-      m.guard("k", () => {
+      m.guard("k", async () => {
+        await sleep(100);
         throw new RangeError("the write failed");
       }),
       RangeError,
@@ -344,7 +345,10 @@ describe("instrument()", () => {
     assert.equal(d?.count, 4);
     assert.ok(d.sum! > 0 && d.sum! < 4 * 5, `sum ${d.sum} s`);
     assert.equal(point(got, "lease.guard.duration", leaseOk), undefined);
-    assert.equal(point(got, "lease.guard.duration", casErr)?.count, 1);
+    const failed = point(got, "lease.guard.duration", casErr);
+    assert.equal(failed?.count, 1);
+    // In seconds: its write took 100 ms.
+    assert.ok(failed.sum! >= 0.1 && failed.sum! < 10, `sum ${failed.sum} s`);
     // A write's own error is not a rejection.
     assert.equal(got.get("lease.guard.rejections"), undefined);
     const got2 = await collect(reader2);

@@ -2,9 +2,10 @@
 // `limit` writes at once under contention, a full semaphore's refusal, limit
 // agreement and a deliberate change, abort and close while waiting (no
 // consumer left), release and `await using`, a SIGKILLed holder's slot taken
-// after the TTL and the grace, first-come-first-served waiting, a manager and
-// instrument() of it as one manager, and slots and the turnstile held past a
-// manager's idleRelease.
+// after the TTL and the grace, a turnstile holder paused (SIGSTOP) between
+// its census and its slot's compare-and-set, first-come-first-served
+// waiting, a manager and instrument() of it as one manager, and slots and
+// the turnstile held past a manager's idleRelease.
 // Runs under `deno test -A`, `bun test` and `node --test`.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -84,6 +85,35 @@ describe("semaphore", () => {
     return m;
   }
 
+  /**
+   * Runs test_util/semaphore_child.ts (node "child") on `bucket` with
+   * `env`: its stdout so far, and its exit.
+   */
+  function startChild(bucket: string, env: Record<string, string>) {
+    const file = fileURLToPath(
+      new URL("./test_util/semaphore_child.ts", import.meta.url),
+    );
+    const child = spawn(
+      process.execPath,
+      "Deno" in globalThis ? ["run", "-A", file] : [file],
+      {
+        env: {
+          ...process.env,
+          NATS_URL: ns.url,
+          LEASE_BUCKET: bucket,
+          LEASE_NODE: "child",
+          LEASE_TTL: String(TTL),
+          ...env,
+        },
+        stdio: ["ignore", "pipe", "inherit"],
+      },
+    );
+    let text = "";
+    child.stdout!.setEncoding("utf8").on("data", (d: string) => text += d);
+    const exited = new Promise((r) => child.on("exit", r));
+    return { child, out: () => text, exited };
+  }
+
   before(async () => {
     ns = await NatsServer.start();
     nc = await conn(ns.url);
@@ -141,6 +171,8 @@ describe("semaphore", () => {
       TypeError,
     );
     const sem = semaphore(m, "s", { limit: 2 });
+    const c = conns.at(-1)!; // m's connection
+    const out = c.stats().outMsgs;
     await assert.rejects(sem.guard(42 as unknown as () => void), TypeError);
     await assert.rejects(
       sem.guard(() => {}, { wait: "yes" as unknown as boolean }),
@@ -155,6 +187,8 @@ describe("semaphore", () => {
       sem.acquire({ signal: AbortSignal.abort(reason) }),
       (e) => e === reason,
     );
+    // Refused before the turnstile or a census was asked for.
+    assert.equal(c.stats().outMsgs, out);
     assert.equal((await sem.holders()).size, 0);
   });
 
@@ -412,44 +446,17 @@ describe("semaphore", () => {
   test("a SIGKILLed holder's slot is taken by a waiter after the TTL and the grace, not before", async () => {
     const bucket = uniq("s");
     const a = await manager("a", bucket);
-    const child = spawn(
-      process.execPath,
-      "Deno" in globalThis
-        ? [
-          "run",
-          "-A",
-          fileURLToPath(
-            new URL("./test_util/semaphore_child.ts", import.meta.url),
-          ),
-        ]
-        : [
-          fileURLToPath(
-            new URL("./test_util/semaphore_child.ts", import.meta.url),
-          ),
-        ],
-      {
-        env: {
-          ...process.env,
-          NATS_URL: ns.url,
-          LEASE_BUCKET: bucket,
-          LEASE_KEY: "crash",
-          LEASE_NODE: "child",
-          LEASE_TTL: String(TTL),
-          LEASE_LIMIT: "1",
-        },
-        stdio: ["ignore", "pipe", "inherit"],
-      },
-    );
-    const exited = new Promise((r) => child.on("exit", r));
+    const { child, out, exited } = startChild(bucket, {
+      LEASE_KEY: "crash",
+      LEASE_LIMIT: "1",
+    });
     try {
-      let out = "";
-      child.stdout!.setEncoding("utf8").on("data", (d: string) => out += d);
       await eventually(
-        () => out.includes('"held"'),
+        () => out().includes('"held"'),
         15_000,
         "the child's slot",
       );
-      const held = JSON.parse(out.trim().split("\n")[0]!);
+      const held = JSON.parse(out().trim().split("\n")[0]!);
       let wroteAt = 0;
       let epoch = 0;
       const waiting = semaphore(a, "crash", { limit: 1 }).guard((l) => {
@@ -469,6 +476,68 @@ describe("semaphore", () => {
       // expiry markers, nats-server 2.11.2+). Not much after the grace.
       assert.ok(took >= (2 * TTL) / 3, `${took} ms`);
       assert.ok(took <= 2 * TTL + FAILOVER_BOUND, `${took} ms`);
+    } finally {
+      child.kill("SIGKILL");
+      await exited;
+    }
+  });
+
+  test("a turnstile holder paused between its census and its slot's compare-and-set takes no slot when it wakes: its turnstile lapsed, and another contender counted and filled the only slot", async () => {
+    const bucket = uniq("s");
+    const b = await manager("b", bucket);
+    // The child asks limit 1 with `resize: true`, so its slot key
+    // (pause.r1.0) is not b's (pause.n1.0): only the turnstile keeps them
+    // from holding a slot each. It stops after reading an empty census.
+    const { child, out, exited } = startChild(bucket, {
+      LEASE_KEY: "pause",
+      LEASE_LIMIT: "1",
+      LEASE_RESIZE: "1",
+      LEASE_PAUSE: "census",
+    });
+    const lines = () =>
+      out().trim().split("\n").filter(Boolean).map((l) => JSON.parse(l));
+    try {
+      await eventually(
+        () => lines().length > 0,
+        15_000,
+        "the child's census",
+      );
+      // No slot held: only its own turnstile.
+      assert.deepEqual(lines()[0], { ev: "census", keys: ["pause.next"] });
+      // The child holds the turnstile, unrenewed: b takes it once it
+      // expired (and the grace), counts no slot held, and takes one.
+      const t0 = performance.now();
+      const slot = await semaphore(b, "pause", { limit: 1 }).acquire({
+        signal: AbortSignal.timeout(10_000),
+      });
+      const took = performance.now() - t0;
+      assert.equal(slot.key, "pause.n1.0");
+      child.kill("SIGCONT");
+      await eventually(
+        () => lines().length > 1,
+        10_000,
+        "the child's outcome",
+      );
+      const outcome = lines()[1];
+      report("a contender paused after its census, then continued", {
+        bTookTheSlot: took,
+        child: outcome.ev,
+      });
+      // Its census is stale; its lapsed turnstile, checked once the slot's
+      // compare-and-set succeeded, refuses the slot.
+      assert.deepEqual(
+        [outcome.ev, outcome.name],
+        ["refused", "UnavailableError"],
+        JSON.stringify(outcome),
+      );
+      assert.match(outcome.message, /pause\.next/);
+      assert.deepEqual(
+        [...(await b.holders("pause")).keys()].filter((k) =>
+          k !== "pause.next"
+        ),
+        ["pause.n1.0"],
+      );
+      await slot.release();
     } finally {
       child.kill("SIGKILL");
       await exited;

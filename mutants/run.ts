@@ -147,12 +147,22 @@ function runTest(
       clearTimeout(timer);
       // Whatever the tests started and left behind goes with them.
       killGroup(child.pid!);
-      const tests = Number(/^ℹ tests (\d+)$/m.exec(out)?.[1] ?? 0);
+      // Node 24 counts a file none of whose tests matched the name pattern
+      // as one passing test, reported under the file's own name: so only
+      // results named otherwise count.
+      const ran = out.split("\n").filter((l) =>
+        /^\s*[✔✖] /.test(l) && !l.trimStart().slice(2).startsWith(`${m.test} `)
+      ).length;
+      const tests = ran === 0
+        ? 0
+        : Number(/^ℹ tests (\d+)$/m.exec(out)?.[1] ?? 0);
       resolve({
         passed: code === 0,
         tests,
         ms: performance.now() - started,
-        tail: out.split("\n").filter((l) => /✖|Error|assert/i.test(l)).slice(
+        tail: out.split("\n").filter((l) =>
+          /✖|Error|assert/i.test(l)
+        ).slice(
           0,
           6,
         )

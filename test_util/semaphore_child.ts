@@ -1,13 +1,57 @@
 // A semaphore slot holder run as a child process by semaphore_test.ts, so a
-// test can SIGKILL a real holder. Acquires one slot of LEASE_KEY (limit
-// LEASE_LIMIT), prints {"ev":"held","key","slot","epoch","t"} and waits to be
-// killed.
+// test can SIGKILL or SIGSTOP a real contender. Acquires one slot of
+// LEASE_KEY (limit LEASE_LIMIT), prints {"ev":"held","key","slot","epoch","t"}
+// and waits to be killed; prints {"ev":"refused","name","message"} when
+// acquire() rejects.
+//
+// With LEASE_PAUSE=census it stops itself (SIGSTOP) right after the first
+// census it reads while holding the turnstile, before its slot's
+// compare-and-set, having printed {"ev":"census","keys"} (the keys it read); the test
+// continues it (SIGCONT). The pause is made by a wrapper of the manager
+// that semaphore() is given, as any caller may give it one (instrument()
+// is one): semaphore.ts has no hook for it.
 //
 // Environment: NATS_URL, LEASE_BUCKET, LEASE_KEY, LEASE_NODE, LEASE_TTL,
-// LEASE_LIMIT.
+// LEASE_LIMIT; LEASE_RESIZE=1 for `resize: true`; LEASE_PAUSE=census.
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
-import { createLeaseManager, semaphore } from "../mod.ts";
+import { createLeaseManager, type LeaseManager, semaphore } from "../mod.ts";
+
+/**
+ * `leases`, stopping this process after the first `holders()` it answers
+ * once a guard on the turnstile (`<name>.next`) has resolved.
+ */
+function pausedAfterCensus(leases: LeaseManager): LeaseManager {
+  let turnstile = false;
+  let paused = false;
+  return new Proxy(leases, {
+    get(target, prop) {
+      if (prop === "guard") {
+        return async (...args: Parameters<LeaseManager["guard"]>) => {
+          const value = await target.guard(...args);
+          if (args[0].endsWith(".next")) turnstile = true;
+          return value;
+        };
+      }
+      if (prop === "holders") {
+        return async (prefix: string) => {
+          const held = await target.holders(prefix);
+          if (turnstile && !paused) {
+            paused = true;
+            // Written synchronously (a pipe, on Linux) before the stop.
+            console.log(
+              JSON.stringify({ ev: "census", keys: [...held.keys()] }),
+            );
+            process.kill(process.pid, "SIGSTOP");
+          }
+          return held;
+        };
+      }
+      const v = Reflect.get(target, prop, target);
+      return typeof v === "function" ? v.bind(target) : v;
+    },
+  });
+}
 
 const env = process.env;
 const nc = await connect({
@@ -22,15 +66,24 @@ const leases = await createLeaseManager({
   ttl: Number(env.LEASE_TTL),
   restartGrace: false,
 });
-const sem = semaphore(leases, env.LEASE_KEY!, {
-  limit: Number(env.LEASE_LIMIT),
-});
-const slot = await sem.acquire();
-console.log(JSON.stringify({
-  ev: "held",
-  key: slot.key,
-  slot: slot.slot,
-  epoch: slot.epoch,
-  t: Date.now(),
-}));
+const sem = semaphore(
+  env.LEASE_PAUSE === "census" ? pausedAfterCensus(leases) : leases,
+  env.LEASE_KEY!,
+  { limit: Number(env.LEASE_LIMIT), resize: env.LEASE_RESIZE === "1" },
+);
+try {
+  const slot = await sem.acquire();
+  console.log(JSON.stringify({
+    ev: "held",
+    key: slot.key,
+    slot: slot.slot,
+    epoch: slot.epoch,
+    t: Date.now(),
+  }));
+} catch (err) {
+  const e = err as Error;
+  console.log(
+    JSON.stringify({ ev: "refused", name: e.name, message: e.message }),
+  );
+}
 setInterval(() => {}, 60_000); // held until killed
