@@ -13,7 +13,7 @@ import { spawn } from "node:child_process";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
-import { Kvm } from "@nats-io/kv";
+import { Kvm, KvWatchInclude } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
   assignShards,
@@ -440,6 +440,96 @@ describe("shards on a real server", () => {
       "no consumers",
     );
     assert.deepEqual(await a.leases.close(), { released: [], unreleased: [] });
+  });
+
+  test("shards() leaving releases the member's shards before its slot, and its slot before its count key, as the server's revisions show", async () => {
+    const bucket = uniq("sho");
+    const a = await member("a", bucket, "jobs", undefined);
+    const b = await member("b", bucket, "jobs", undefined);
+    const kv = await new Kvm(admin).open(bucket);
+    const acquired: { key: string; found: string }[] = [];
+    a.leases.addEventListener(
+      "acquired",
+      (e) => acquired.push({ key: e.key, found: e.found }),
+    );
+    try {
+      await eventually(() => balanced([a, b]), 10 * TTL, "balance");
+      // Past the grace of every key, so that every release is clean (a
+      // delete the server numbers) at once.
+      await sleep(TTL + 100);
+      const mine = [...(await a.leases.holders("jobs.members"))]
+        .filter(([, h]) => h.node === "b").map(([k]) => k);
+      const slot = mine.find((k) => /^jobs\.members\.\d+$/.test(k))!;
+      const count = `${slot}.n${COUNT}`;
+      assert.deepEqual(mine.sort(), [slot, count]);
+      const bShards = [...b.latest()!.owned.keys()].map((s) =>
+        shardKey("jobs", s)
+      );
+      // Every operation on the group's keys from now on, in the server's
+      // order (revisions of one stream).
+      const ops: { key: string; op: string; rev: number }[] = [];
+      const w = await kv.watch({
+        key: "jobs.>",
+        include: KvWatchInclude.UpdatesOnly,
+      });
+      const watching = (async () => {
+        for await (const e of w) {
+          ops.push({ key: e.key, op: e.operation, rev: e.revision });
+        }
+      })();
+      b.stop.abort();
+      await b.done;
+      await eventually(
+        () => a.latest()!.owned.size === COUNT,
+        5 * TTL,
+        "a owns every shard",
+      );
+      w.stop();
+      await watching;
+      const del = (key: string) =>
+        ops.find((o) => o.key === key && o.op === "DEL")?.rev;
+      const shardDels = bShards.map(del);
+      // Each key released cleanly: a delete, no expiry.
+      assert.ok(
+        shardDels.every((r) => r !== undefined),
+        `deletes of b's shards: ${JSON.stringify(ops)}`,
+      );
+      const slotDel = del(slot), countDel = del(count);
+      assert.ok(slotDel !== undefined && countDel !== undefined);
+      // The shards first: the others, who go for them once they see the
+      // slot free, find them free already and take each with one
+      // compare-and-set (found "released"), instead of waiting for them.
+      assert.ok(
+        Math.max(...(shardDels as number[])) < slotDel,
+        `shard deletes at ${shardDels}, the slot's at ${slotDel}`,
+      );
+      // The count key last: whoever still sees b in its slot finds its
+      // count.
+      assert.ok(slotDel < countDel, `slot ${slotDel}, count ${countDel}`);
+      // a went for b's shards only after the slot's delete.
+      const firstPut = Math.min(
+        ...ops.filter((o) => bShards.includes(o.key) && o.op === "PUT")
+          .map((o) => o.rev),
+      );
+      assert.ok(firstPut > slotDel, `a's first take ${firstPut}`);
+      for (const k of bShards) {
+        assert.equal(
+          acquired.findLast((e) => e.key === k)?.found,
+          "released",
+          k,
+        );
+      }
+      report("leave order", {
+        shards: String(bShards.length),
+        order: `shards ${Math.min(...(shardDels as number[]))}-${
+          Math.max(...(shardDels as number[]))
+        }, slot ${slotDel}, count ${countDel}, a's first take ${firstPut}`,
+      });
+    } finally {
+      a.stop.abort();
+      b.stop.abort();
+      await Promise.all([a.done, b.done]);
+    }
   });
 
   test("shards() takes a shard back under a new lease after its key was deleted behind its back, reporting it removed and added, the other shards untouched", async () => {
