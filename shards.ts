@@ -6,8 +6,9 @@
  * ## Why a free function
  * {@linkcode shards} is written only against the public
  * {@linkcode LeaseManager} interface (`guard`, `held`, `watch`,
- * `release`, `holder`, and `holders` to name a count that differs), so it
- * adds no protocol: every shard is a lease, and what the
+ * `release`, `holder`, `holders` to name a count that differs, and the
+ * `acquired`, `lost` and `released` events to hand a key on in its grace),
+ * so it adds no protocol: every shard is a lease, and what the
  * safety argument of `lease.ts` says of a lease holds for each shard. Taking
  * the manager as an argument rather than adding a method keeps `lease.ts`
  * (the protocol core) from growing for a recipe, and lets any object that
@@ -62,6 +63,24 @@
  * one is refused at once, so no guard through a shard's lease reaches the
  * key after its release.
  *
+ * ## Handing on in the grace
+ * A key the manager takes over (from a holder that stopped renewing, after
+ * someone else's delete, or fresh where expiry markers are not proven)
+ * comes with the failover grace: the manager holds it, but no write runs
+ * until it is over (a TTL, two after a foreign delete; `lease.ts`, point
+ * 3). A release inside the grace is not clean (it would hand on a skip it
+ * was not owed), so the key would be left to expire, and its next owner
+ * would wait for that (up to a TTL after our last renewal) and then a
+ * grace of its own: two TTLs after the move, and two more each time the
+ * next change moves it again inside that owner's grace. So a shard, slot
+ * or count key that is to be given up while its grace runs is released
+ * when the grace is over, cleanly, and its next owner takes it at once:
+ * no later than the grace allowed anyway. The manager's `acquired` event
+ * says how long the grace is; a `lost` or `released` event of that tenure
+ * ends the wait. Nothing is written meanwhile: a shard's lease is handed
+ * out only after its grace, and this member no longer lists the shard.
+ * Leaving waits for those graces too, in the order `leave` gives.
+ *
  * @module
  */
 
@@ -69,7 +88,10 @@ import {
   type GuardOptions,
   type Holder,
   type Lease,
+  type LeaseAcquiredEvent,
+  type LeaseLostEvent,
   type LeaseManager,
+  type LeaseReleasedEvent,
   NotHolderError,
   UnavailableError,
 } from "./lease.ts";
@@ -124,7 +146,10 @@ export interface ShardsOptions {
   /**
    * Aborting it leaves the group: the iteration ends (it returns), and this
    * member's shards and membership are released at once, so the others
-   * take its shards within milliseconds.
+   * take its shards within milliseconds; a key it took over within the
+   * last TTL, whose failover grace still runs, when that grace is over
+   * (released inside it, the key would be left to expire, which keeps the
+   * others waiting longer).
    * @default {undefined}
    */
   signal?: AbortSignal;
@@ -450,7 +475,8 @@ const groupsInUse = new WeakMap<LeaseManager, Set<string>>();
  *   (`<group>.members.<slot>`, of `maxMembers`) and watches every slot. A
  *   member that crashes drops out when its slot's entry expires (the TTL);
  *   one that leaves (`break`, a throw out of the loop, `signal`, or the
- *   manager's `close()`) releases its shards and its slot at once.
+ *   manager's `close()`) releases its shards and its slot at once (a key
+ *   still in its failover grace once that is over, see below).
  * - **Ownership.** The member waits for and holds each shard that
  *   {@linkcode assignShards} gives it for the members seen (a guard with
  *   `wait: true` whose write lasts the tenure, so the key is renewed in the
@@ -458,7 +484,11 @@ const groupsInUse = new WeakMap<LeaseManager, Set<string>>();
  *   longer gets. A shard it keeps is never released. A shard's lease
  *   signal aborts as soon as the shard is to move, and its key is released
  *   once the writes on it settled, so before any other member can take it;
- *   the next owner takes it within milliseconds of the release. A leaving
+ *   the next owner takes it within milliseconds of the release. A shard
+ *   this member took over within the last TTL, still in its failover
+ *   grace (never handed out), is released when the grace is over, cleanly,
+ *   not at once: released inside the grace it would be left to expire, and
+ *   its next owner would wait about two TTLs. A leaving
  *   member releases its shards before its slot, so the others find them
  *   free when they learn it left. A crashed owner's shards are taken after
  *   its entries expire and the failover grace (a TTL) runs. A tenure lost
@@ -752,6 +782,33 @@ class Member {
   /** Joins in a row kept from a free slot by its count key. */
   #blocked = 0;
   readonly #onAbort = () => this.#end();
+  /**
+   * Keys of this group the manager took with a grace still running (see
+   * "Handing on in the grace"), by key: the tenure, when the grace ends
+   * (`performance.now()`), and who waits for it.
+   */
+  readonly #graces = new Map<
+    string,
+    { tenure: string; until: number; waiters: Set<() => void> }
+  >();
+  readonly #onAcquired = (e: Event) => {
+    const { key, tenure, grace } = e as LeaseAcquiredEvent;
+    if (!key.startsWith(`${this.#group}.`)) return;
+    this.#graceEnded(key);
+    // The event comes in a microtask after the manager set the grace's
+    // end from its clock: ours, read now, is no earlier.
+    if (grace > 0) {
+      this.#graces.set(key, {
+        tenure,
+        until: performance.now() + grace,
+        waiters: new Set(),
+      });
+    }
+  };
+  readonly #onEnded = (e: Event) => {
+    const { key, tenure } = e as LeaseLostEvent | LeaseReleasedEvent;
+    if (this.#graces.get(key)?.tenure === tenure) this.#graceEnded(key);
+  };
 
   constructor(
     leases: LeaseManager,
@@ -786,7 +843,47 @@ class Member {
     inUse.add(this.#group);
     this.#registered = true;
     this.#signal?.addEventListener("abort", this.#onAbort, { once: true });
+    // A manager without events (a test double) hands keys on as before:
+    // at once, so those in their grace are left to expire.
+    if (typeof this.#leases.addEventListener === "function") {
+      this.#leases.addEventListener("acquired", this.#onAcquired);
+      this.#leases.addEventListener("lost", this.#onEnded);
+      this.#leases.addEventListener("released", this.#onEnded);
+    }
     for (let s = 0; s < this.#slots; s++) this.#track(this.#watchSlot(s));
+  }
+
+  /** Forgets the grace of `key` and wakes who waits for its end. */
+  #graceEnded(key: string): void {
+    const g = this.#graces.get(key);
+    if (!g) return;
+    this.#graces.delete(key);
+    for (const w of g.waiters) w();
+  }
+
+  /**
+   * Resolves once the grace of our tenure of `key` is over, or that tenure
+   * ended (lost, released, the manager closed): at once when there is none.
+   * A release then is clean (see "Handing on in the grace").
+   */
+  async #graceOver(key: string): Promise<void> {
+    for (;;) {
+      const g = this.#graces.get(key);
+      if (!g) return;
+      // A timer may fire a millisecond early: a release before the
+      // grace's end would not be clean.
+      const left = g.until - performance.now();
+      if (left <= 0) return this.#graceEnded(key);
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          clearTimeout(t);
+          g.waiters.delete(done);
+          resolve();
+        };
+        const t = setTimeout(done, left + 2);
+        g.waiters.add(done);
+      });
+    }
   }
 
   #track(p: Promise<void>): void {
@@ -1047,7 +1144,9 @@ class Member {
         else this.#fail(err);
       } finally {
         // Released only once the tenure's write ended (its signal aborted),
-        // so no write of ours runs when a successor can see the key free.
+        // so no write of ours runs when a successor can see the key free;
+        // and, a key still in its grace, once that is over.
+        await this.#graceOver(key);
         await this.#leases.release(key).catch(() => {});
       }
     })();
@@ -1189,7 +1288,9 @@ class Member {
    * any more. Shards go
    * first so that the others, who take them when they see the slot free,
    * find them free already: one compare-and-set each, instead of waiting
-   * on a watch they would first have to open.
+   * on a watch they would first have to open. A key in its failover grace
+   * is released when that is over (see "Handing on in the grace"), still
+   * in this order: a shard's grace holds the slot back.
    */
   leave(): Promise<void> {
     if (this.#leaving) return this.#leaving;
@@ -1212,11 +1313,17 @@ class Member {
       count?.stop.abort();
       while (this.#tasks.size > 0) await Promise.all([...this.#tasks]);
       if (this.#slot !== undefined) {
-        await this.#leases.release(memberKey(this.#group, this.#slot))
-          .catch(() => {});
-        await this.#leases.release(
-          countKey(this.#group, this.#slot, this.#count),
-        ).catch(() => {});
+        const key = memberKey(this.#group, this.#slot);
+        const ck = countKey(this.#group, this.#slot, this.#count);
+        await this.#graceOver(key);
+        await this.#leases.release(key).catch(() => {});
+        await this.#graceOver(ck);
+        await this.#leases.release(ck).catch(() => {});
+      }
+      if (typeof this.#leases.removeEventListener === "function") {
+        this.#leases.removeEventListener("acquired", this.#onAcquired);
+        this.#leases.removeEventListener("lost", this.#onEnded);
+        this.#leases.removeEventListener("released", this.#onEnded);
       }
       if (this.#registered) groupsInUse.get(this.#leases)?.delete(this.#group);
     })().finally(done);
