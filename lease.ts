@@ -683,7 +683,12 @@ export interface LeaseHealth {
   readonly connected: boolean;
   /** The keys this manager holds. */
   readonly held: number;
-  /** Held keys whose renewal is overdue by more than a renewal interval (TTL/3). */
+  /**
+   * Held keys whose renewal has not been sent for more than a renewal
+   * interval (TTL/3) past its time: the process is starved or its event
+   * loop blocked. Renewals that are sent and fail (a server down) are
+   * retried on time and show in `expiring` instead.
+   */
   readonly overdue: readonly string[];
   /** Held keys with less than the margin left before their deadline. */
   readonly expiring: readonly string[];
