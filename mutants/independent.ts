@@ -10,6 +10,17 @@
  * suite misses, rather than being folded into the table as tests are added
  * for them.
  *
+ * First run (2026-12-07, this set as committed, 2 cores shared, about
+ * 2 min 15 s): 21 of 28 killed (75.0 %). Survivors: I1 (its named test's
+ * command traps its signal and exits by itself; "the server gone past the
+ * TTL" asserts 128 + 15 and does catch it), I5 (resumed, lease's own
+ * timer always calls the lease lost before the watchdog's word is read:
+ * the "deadline" path is not reached; also in 3 reruns), I8 (the bound
+ * allows --kill-after beyond the deadline), I11 (the turnstile is held
+ * between writes, so newcomers queue anyway), I21 (the test of
+ * `attributes` has no failed renewal), I23 (no key two tokens below a
+ * prefix), I28 (the limit is checked above the maximum, not at it).
+ *
  * @module
  */
 
