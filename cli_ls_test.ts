@@ -427,4 +427,38 @@ describe("lease ls and lease watch --prefix", () => {
     assert.ok(wall < 5_000, `${wall} ms`);
     await kv.destroy();
   });
+
+  test("lease ls shows keys held any number of tokens below --prefix P (P.>, not P.*), and lease watch --prefix P follows them; not P's siblings", async () => {
+    const keys = ["deep.a", "deep.x.y", "deep.x.y.z"];
+    const all = [...keys, "deeper.k"];
+    await Promise.all(all.map((k) => guardUntil(a, k, () => {}, 3 * TTL)));
+    try {
+      const json = lease(["ls", "--json", "--prefix", "deep", ...base()]);
+      assert.equal(await json.exited, 0, json.err());
+      const rows = json.out().trim().split("\n").map((l) => JSON.parse(l));
+      assert.deepEqual(
+        rows.map((r) => [r.key, r.state, r.holder]),
+        keys.map((k) => [k, "held", "a"]),
+        json.out(),
+      );
+      const w = lease(["watch", "--prefix", "deep", ...base()]);
+      await until(
+        () => keys.every((k) => w.out().includes(`${k}: a epoch `)),
+        10_000,
+        "the watch's first lines",
+      );
+      await a.release("deep.x.y.z");
+      await until(
+        () => w.out().includes("deep.x.y.z: none (released)"),
+        5_000,
+        "the watch: a release two tokens below",
+      );
+      process.kill(w.child.pid!, "SIGINT");
+      assert.equal(await w.exited, 0, w.err());
+      const seen = w.out().trim().split("\n");
+      assert.ok(seen.every((l) => l.startsWith("deep.")), w.out());
+    } finally {
+      await Promise.all(all.map((k) => a.release(k)));
+    }
+  });
 });

@@ -687,46 +687,77 @@ describe("the lease command", () => {
     const file = path.join(tmp, "stop");
     const key = uniq("stop");
     const marker = `stop-${key}`;
+    // A --kill-after (the last one given counts) long enough to tell apart
+    // a stop at the deadline from one a --kill-after past it.
+    const killAfter = 500;
     const a = start([
       ...common(key, "a"),
+      "--kill-after",
+      String(killAfter),
       "--",
       ...stamped(file, `sh -c 'sleep 30' ${marker} & sleep 31; wait`),
     ]);
     await until(() => stamps(file).length >= 1, 10_000, "a's command");
     const b = start([...common(key, "b"), "--", ...stamped(file, "true")]);
-    await sleep(200);
-    const pausedAt = Date.now();
-    process.kill(a.child.pid!, "SIGSTOP");
+    // a's renewals as the server stores them: the pause follows one.
+    const nc = await connect({ servers: ns.url });
+    const entries = await (await new Kvm(nc).open("cli")).watch({ key });
+    let putAt = 0;
+    void (async () => {
+      for await (const e of entries) {
+        if (e.operation === "PUT") putAt = Date.now();
+      }
+    })();
     try {
-      await until(
-        () => alive(marker, a.child.pid) === 0,
-        TTL + KILL_AFTER + 1_000,
-        "the watchdog to stop a's command",
-      );
-      const goneAfter = Date.now() - pausedAt;
-      assert.equal(await b.exited, 0, b.err());
-      const bStart = stamps(file).find((x) =>
-        x.what === "start" && x.node === "b"
-      )!;
-      console.log(
-        `  [figures] lease run paused: command group gone after ${goneAfter} ms, next command after ${
-          bStart.ms - pausedAt
-        } ms (TTL ${TTL})`,
-      );
-      // Gone by the lease's deadline (at most a TTL after the pause, the
-      // last renewal being before it) plus the SIGTERM-to-SIGKILL time: the
-      // watchdog's promise, kept strict. The 300 ms are for the watchdog's
-      // timer (it learns the deadline through a pipe) and this test's
-      // polling with pgrep on a loaded machine; the commands here die at
-      // SIGTERM, so KILL_AFTER is spare too. A watchdog that missed the
-      // deadline would leave them running for 30 s.
-      assert.ok(goneAfter <= TTL + KILL_AFTER + 300, `${goneAfter} ms`);
-      assert.ok(
-        bStart.ms > pausedAt + goneAfter,
-        "b started before a's command was gone",
-      );
+      await sleep(200);
+      const before = putAt;
+      await until(() => putAt > before, 2 * TTL, "a renewal of a's entry");
+      const renewedAt = putAt;
+      // Past the reply to it and a tick (every 100 ms at this TTL) that
+      // told the watchdog the new deadline; before the next renewal (TTL/3).
+      await sleep(150);
+      entries.stop();
+      const pausedAt = Date.now();
+      process.kill(a.child.pid!, "SIGSTOP");
+      try {
+        await until(
+          () => alive(marker, a.child.pid) === 0,
+          TTL + killAfter + 1_000,
+          "the watchdog to stop a's command",
+        );
+        const goneAfter = Date.now() - pausedAt;
+        const goneAfterRenewal = Date.now() - renewedAt;
+        assert.equal(await b.exited, 0, b.err());
+        const bStart = stamps(file).find((x) =>
+          x.what === "start" && x.node === "b"
+        )!;
+        console.log(
+          `  [figures] lease run paused: command group gone after ${goneAfter} ms (${goneAfterRenewal} ms after the last renewal landed), next command after ${
+            bStart.ms - pausedAt
+          } ms (TTL ${TTL})`,
+        );
+        // The watchdog acts at the lease's deadline: at most a TTL after
+        // the last renewal was sent, so after it landed. The commands here
+        // die at SIGTERM. The 250 ms are for the watchdog's timer (it
+        // learns the deadline through a pipe), the SIGTERM and this test's
+        // polling with pgrep on a loaded machine; they are half the
+        // --kill-after, so a watchdog that stopped the command --kill-after
+        // past the deadline fails here. One that missed the deadline would
+        // leave it running for 30 s.
+        assert.ok(
+          goneAfterRenewal <= TTL + killAfter / 2,
+          `${goneAfterRenewal} ms`,
+        );
+        assert.ok(
+          bStart.ms > pausedAt + goneAfter,
+          "b started before a's command was gone",
+        );
+      } finally {
+        process.kill(a.child.pid!, "SIGCONT");
+      }
     } finally {
-      process.kill(a.child.pid!, "SIGCONT");
+      entries.stop();
+      await nc.close();
     }
     // Resumed past its deadline, lease says the lease was lost, whether its
     // own timer or the watchdog's word tells it first.
@@ -926,6 +957,24 @@ describe("the lease command", () => {
       assert.deepEqual(
         fs.readFileSync(file, "utf8").trim().split("\n"),
         ["started", sig === "SIGINT" ? "INT" : "TERM"],
+      );
+      // A command that does not handle it dies by it: lease exits as a
+      // shell does for such a command, 128 + the signal's number.
+      const dies = uniq("fw");
+      const begun = path.join(tmp, dies);
+      const b = start([
+        ...common(dies, "b"),
+        "--",
+        "sh",
+        "-c",
+        `echo started >> ${begun}; exec sleep 30`,
+      ]);
+      await until(() => fs.existsSync(begun), 10_000, "b's command");
+      signal(b, sig);
+      assert.equal(
+        await b.exited,
+        128 + (sig === "SIGINT" ? 2 : 15),
+        b.err(),
       );
     }
   });
@@ -1360,6 +1409,70 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
         `wrote ${lastWrite} ms after the eviction`,
       );
     } finally {
+      if (dog !== undefined) killPid(dog);
+      killMarked(marker);
+    }
+  });
+
+  test("lease paused by SIGSTOP shortly after its watchdog: the watchdog, resumed past the deadline it last heard, stops the command, and lease, resumed inside its own deadline, says so and exits --lost-status, not the command's 143", async () => {
+    const key = uniq("wdl");
+    const marker = `wdl-${key}`;
+    const file = path.join(tmp, key);
+    const a = start([
+      ...common(key, "a"),
+      "--lost-status",
+      "99",
+      "--",
+      ...stamped(file, `sleep 30; : ${marker}`),
+    ]);
+    let dog: number | undefined;
+    let leaseStopped = false;
+    try {
+      await until(() => stamps(file).length >= 1, 10_000, "a's command");
+      dog = watchdogOf(a);
+      process.kill(dog, "SIGSTOP");
+      // Every deadline the watchdog heard ends at most a TTL after this.
+      const dogStopped = performance.now();
+      // lease renews on (every TTL/3, each renewal good for a TTL from its
+      // send) and writes its deadlines to a pipe nobody reads. Stopped
+      // 750 ms on, 250 ms before a second of silence would make it stop
+      // the command itself, its deadline is at least 750 + 2/3 TTL =
+      // 1,417 ms after dogStopped.
+      await sleep(750);
+      process.kill(a.child.pid!, "SIGSTOP");
+      leaseStopped = true;
+      await sleep(dogStopped + TTL + 20 - performance.now());
+      // Resumed past its deadline, the watchdog's timer, long due, fires
+      // before it reads the newer deadlines waiting in its pipe: it stops
+      // the command (SIGTERM; the command dies at it).
+      process.kill(dog, "SIGCONT");
+      const dogResumed = performance.now() - dogStopped;
+      await until(
+        () => alive(marker, a.child.pid) === 0,
+        300,
+        "the watchdog to stop a's command",
+      );
+      const resumed = performance.now() - dogStopped;
+      process.kill(a.child.pid!, "SIGCONT");
+      leaseStopped = false;
+      const code = await exitWithin(a, 5_000, "lease resumed");
+      console.log(
+        `  [figures] watchdog and lease paused: the watchdog resumed ${
+          Math.round(dogResumed)
+        } ms after its pause, lease ${Math.round(resumed)} ms, exit ${code}`,
+      );
+      // Inside its own deadline (1,417 ms, less a renewal's lateness),
+      // lease learns of the stop from the command's exit by a SIGTERM it
+      // did not send and from the watchdog's word, not from its own
+      // timer: the lease ended all the same.
+      assert.ok(resumed < 1_400, `lease resumed after ${resumed} ms`);
+      assert.match(
+        a.err(),
+        /its deadline passed; the watchdog stopped the command/,
+      );
+      assert.equal(code, 99, a.err());
+    } finally {
+      if (leaseStopped) process.kill(a.child.pid!, "SIGCONT");
       if (dog !== undefined) killPid(dog);
       killMarked(marker);
     }

@@ -675,4 +675,48 @@ describe("instrument()", () => {
       }
     },
   );
+
+  test("attributes tell apart two managers' failed renewals: lease.renewal.failures carries them, while a paused server fails both", async () => {
+    const reader = new Reader();
+    const provider = new MeterProvider({ readers: [reader] });
+    providers.push(provider);
+    const meter = provider.getMeter("test");
+    const a = instrument(await manager("a", uniq("otel")), {
+      meter,
+      attributes: { "lease.bucket": "one" },
+    });
+    const b = instrument(await manager("b", uniq("otel")), {
+      meter,
+      attributes: { "lease.bucket": "two" },
+    });
+    const losses: string[] = [];
+    for (const m of [a, b]) {
+      m.addEventListener("lost", (e) => losses.push(e.reason));
+    }
+    await Promise.all([acquire(a, "k"), acquire(b, "k")]);
+    // Frozen past the TTL (1000 ms): every renewal of both fails.
+    await ns.pause();
+    try {
+      await eventually(() => losses.length >= 2, 5000, "both losses by pause");
+    } finally {
+      await ns.resume();
+    }
+    await sleep(10);
+    const failures = (await collect(reader)).get("lease.renewal.failures") ??
+      [];
+    const text = JSON.stringify(failures);
+    for (const bucket of ["one", "two"]) {
+      const mine = failures.filter((p) => p.attrs["lease.bucket"] === bucket);
+      assert.ok(
+        mine.reduce((n, p) => n + (p.value ?? 0), 0) >= 1,
+        `no failed renewal of '${bucket}': ${text}`,
+      );
+    }
+    for (const p of failures) {
+      assert.ok("lease.bucket" in p.attrs, text);
+      assert.ok("error.type" in p.attrs, text);
+    }
+    a.stop();
+    b.stop();
+  });
 });

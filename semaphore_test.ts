@@ -162,6 +162,9 @@ describe("semaphore", () => {
         (e) => e instanceof RangeError && e.message.includes("'limit'"),
       );
     }
+    // The bound's accepted side: the largest limit, as `lease run -n` takes.
+    semaphore(m, "max", { limit: MAX_SEMAPHORE_LIMIT });
+    semaphore(m, "one", { limit: 1 });
     assert.throws(
       () => semaphore(m, "s", { limit: "3" as unknown as number }),
       RangeError,
@@ -692,5 +695,76 @@ describe("semaphore", () => {
     await held.release();
     await waiting;
     assert.ok(taken - released < HANDOVER_BOUND, `${taken - released} ms`);
+  });
+
+  test("waiters are served first come, first served, also by a newcomer that arrives while the turnstile is free between two holders: it queues behind the waiter in line", async () => {
+    const bucket = uniq("s");
+    const { NatsProxy } = await import("./test_util/proxy.ts");
+    await using proxy = await NatsProxy.start(ns.port);
+    const h = await manager("h", bucket);
+    const a = await manager("a", bucket);
+    const c = await manager("c", bucket);
+    // b's frames to the server can be held: its compare-and-set on the
+    // turnstile then waits in the proxy, which keeps the turnstile free
+    // while b is in line. Its requests may wait a TTL, so a held one is
+    // not taken for unanswered.
+    const bc = await conn(proxy.url);
+    const b = await createLeaseManager({
+      nc: bc,
+      node: "b",
+      bucket,
+      ttl: TTL,
+      timeout: TTL,
+      restartGrace: false,
+    });
+    const log: string[] = [];
+    const sem = (m: LeaseManager) => semaphore(m, "line", { limit: 1 });
+    const turnstile = async () => (await h.holder("line.next"))?.node;
+    const ticketOf = async (node: string) =>
+      [...await h.holders("line.q")].some(([, x]) => x.node === node);
+    try {
+      const held = await sem(h).acquire();
+      let endA!: () => void;
+      const aGate = new Promise<void>((r) => endA = r);
+      const aDone = sem(a).guard(async () => {
+        log.push("a");
+        await aGate;
+      }, { wait: true });
+      await eventually(
+        async () => await turnstile() === "a",
+        2000,
+        "a at the turnstile",
+      );
+      const bDone = sem(b).guard(() => log.push("b"), { wait: true });
+      await eventually(() => ticketOf("b"), 2000, "b in line");
+      proxy.hold("up");
+      await held.release();
+      // a takes the slot and leaves the turnstile; b's claim on it is held.
+      await eventually(
+        async () => log.includes("a") && await turnstile() === undefined,
+        2000,
+        "a in its slot, the turnstile free",
+      );
+      const cDone = sem(c).guard(() => log.push("c"), { wait: true });
+      // c decides: a ticket behind b's, or (wrongly) the free turnstile.
+      await eventually(
+        async () => await ticketOf("c") || await turnstile() === "c",
+        2000,
+        "c in line or at the turnstile",
+      );
+      proxy.release("up");
+      await eventually(
+        async () => await turnstile() !== undefined,
+        2000,
+        "the turnstile taken again",
+      );
+      endA();
+      await Promise.all([aDone, bDone, cDone]);
+      assert.deepEqual(log, ["a", "b", "c"]);
+    } finally {
+      proxy.release("up");
+      await b.close();
+      await bc.close();
+    }
   });
 });

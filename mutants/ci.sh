@@ -7,6 +7,8 @@
 # Environment:
 #   MUTANTS_MIN   the lowest score that passes, in percent (default 90)
 #   MUTANTS_PART  run only slice K/N of the table (default: all of it)
+#   MUTANTS_SET   table, independent or all: which mutants (default: table,
+#                 mutants/table.ts; independent is mutants/independent.ts)
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,6 +22,7 @@ if [[ ! -x "$node" || ! -x .tools/bin/nats-server ]]; then
 fi
 args=(--min "${MUTANTS_MIN:-90}")
 [[ -n "${MUTANTS_PART:-}" ]] && args+=(--part "$MUTANTS_PART")
+[[ -n "${MUTANTS_SET:-}" ]] && args+=(--set "$MUTANTS_SET")
 log="$(mktemp "${TMPDIR:-/tmp}/lease-mutants.XXXXXX")"
 trap 'rm -f "$log"' EXIT
 start=$SECONDS

@@ -1,10 +1,11 @@
 /**
- * The mutant table's runner: puts each hand-made bug of `table.ts` into a
- * copy of the work tree, runs the test that must catch it, and prints the
- * score. A mutant is killed when its test fails; it survived when the test
- * passes. Before any mutant, every test named by the table must pass on the
- * unmutated copy: a test that already fails would kill every mutant and
- * prove nothing.
+ * The mutant table's runner: puts each hand-made bug of `table.ts` (or of
+ * `independent.ts`, the set made without sight of the table) into a copy of
+ * the work tree, runs the test that must catch it, and prints the score. A
+ * mutant is killed when its test fails; it survived when the test passes.
+ * Before any mutant, every test named by the set must pass on the unmutated
+ * copy: a test that already fails would kill every mutant and prove
+ * nothing.
  *
  * The copy lives in a temp folder (tracked and untracked files of the work
  * tree, with `node_modules` and `.tools` linked in), so nothing in the work
@@ -13,8 +14,11 @@
  * under a mutant may leave a command or a server behind.
  *
  * Usage (Node 24):
- *   node mutants/run.ts [--only ID,ID...] [--part K/N] [--min PERCENT]
+ *   node mutants/run.ts [--set table|independent|all] [--only ID,ID...]
+ *     [--part K/N] [--min PERCENT]
  *
+ *   --set     which mutants: `table.ts`'s (default), `independent.ts`'s, or
+ *             both
  *   --only    run these mutants only
  *   --part    run the K-th of N slices of the table (1-based), for a CI that
  *             rotates through it
@@ -36,23 +40,46 @@ import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { type Mutant, MUTANTS } from "./table.ts";
+import { INDEPENDENT } from "./independent.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 /** How long one test run may take before it counts as a failure (killed). */
 const RUN_TIMEOUT_MS = 240_000;
 
+/** The sets `--set` picks from. */
+const SETS: Record<string, readonly Mutant[]> = {
+  table: MUTANTS,
+  independent: INDEPENDENT,
+  all: [...MUTANTS, ...INDEPENDENT],
+};
+
 interface Args {
+  set: readonly Mutant[];
   only: Set<string> | undefined;
   part: [number, number] | undefined;
   min: number;
 }
 
 function parseArgs(argv: string[]): Args {
-  const args: Args = { only: undefined, part: undefined, min: 90 };
+  const args: Args = {
+    set: MUTANTS,
+    only: undefined,
+    part: undefined,
+    min: 90,
+  };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     const value = argv[i + 1];
-    if (a === "--only" && value !== undefined) {
+    if (a === "--set" && value !== undefined) {
+      const set = Object.hasOwn(SETS, value) ? SETS[value] : undefined;
+      if (set === undefined) {
+        throw new RangeError(
+          `Cannot run mutants as --set must be table, independent or all: received '${value}'`,
+        );
+      }
+      args.set = set;
+      i++;
+    } else if (a === "--only" && value !== undefined) {
       args.only = new Set(value.split(","));
       i++;
     } else if (a === "--part" && value !== undefined) {
@@ -74,7 +101,7 @@ function parseArgs(argv: string[]): Args {
       i++;
     } else {
       throw new TypeError(
-        `Cannot run mutants: unknown argument '${a}' (use --only, --part, --min)`,
+        `Cannot run mutants: unknown argument '${a}' (use --set, --only, --part, --min)`,
       );
     }
   }
@@ -192,13 +219,13 @@ function slice(all: readonly Mutant[], args: Args): Mutant[] {
 async function main(): Promise<number> {
   const args = parseArgs(process.argv.slice(2));
   const ids = new Set<string>();
-  for (const m of MUTANTS) {
+  for (const m of args.set) {
     if (ids.has(m.id)) {
-      throw new Error(`mutants/table.ts: duplicate id ${m.id}`);
+      throw new Error(`mutants: duplicate id ${m.id}`);
     }
     ids.add(m.id);
   }
-  const chosen = slice(MUTANTS, args);
+  const chosen = slice(args.set, args);
   if (chosen.length === 0) {
     console.log("mutants: none chosen");
     return 1;
