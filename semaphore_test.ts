@@ -515,7 +515,9 @@ describe("semaphore", () => {
       });
       const took = performance.now() - t0;
       assert.equal(slot.key, "pause.n1.0");
-      child.kill("SIGCONT");
+      // Not child.kill(): Deno's ChildProcess sends one signal only, and
+      // the SIGKILL of the cleanup must still reach it.
+      process.kill(child.pid!, "SIGCONT");
       await eventually(
         () => lines().length > 1,
         10_000,
