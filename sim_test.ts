@@ -7,7 +7,13 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import process from "node:process";
-import { allowance, check, type History } from "./sim/check.ts";
+import {
+  allowance,
+  check,
+  type History,
+  leafBound,
+  renewalSlack,
+} from "./sim/check.ts";
 import { SimKv } from "./sim/kv.ts";
 import { loadLease } from "./sim/load.ts";
 import { findMutant, MUTANTS, mutate } from "./sim/mutants.ts";
@@ -238,6 +244,12 @@ describe("check()", () => {
     tenures: [],
     losses: [],
     defunct: new Map(),
+    lost: new Set(),
+    restarts: [],
+    leafCuts: [],
+    carried: [],
+    proofs: [],
+    ends: [],
   });
   const w = (
     id: number,
@@ -261,6 +273,7 @@ describe("check()", () => {
     commit,
     commitLocal: commit,
     commitDeadline: start - 10 + ttl,
+    fast: false,
   });
 
   test("allowance() is the grace less what the clock-rate bound can take", () => {
@@ -284,6 +297,23 @@ describe("check()", () => {
     );
     assert.ok(stale.violations.some((v) => v.property === "P1"));
     assert.ok(stale.violations.some((v) => v.property === "P2"));
+  });
+
+  test("check() reports P10 for a write begun after an answer showed its manager a lost tail", () => {
+    const h = history([w(1, "a", 1, 0, 20), w(2, "a", 1, 600, 620)]);
+    const proof = (t: number) => ({
+      ...h,
+      proofs: [{ mgr: "a", key: "k", t, what: "no entry at all" }],
+    });
+    assert.deepEqual(check(proof(700)).violations, []);
+    assert.deepEqual(
+      check(proof(500)).violations.map((v) => v.property),
+      ["P10"],
+    );
+  });
+
+  test("leafBound() is a renewal interval and P8's allowance for it", () => {
+    assert.equal(leafBound(1000, 20), 1000 / 3 + renewalSlack(1000, 20));
   });
 });
 
@@ -401,6 +431,80 @@ describe("runHistory()", () => {
     assert.ok(lost >= 6 && other >= 6 && same >= 4, `${lost} ${other} ${same}`);
     // Some holder's acknowledged renewals were lost, and it stopped.
     assert.ok(defunct > 0);
+  });
+
+  test("runHistory() keeps a leaf client's connection across the server's restart, and the client stops within leafBound() of the server answering it", async () => {
+    // Seeds of the leaf focus (a restart in every history, leaf clients in
+    // every history) where the restart took a leaf client's entry or its
+    // last acknowledged put: its renewal is then answered with no entry at
+    // all (12, 24), or with a revision below its own (1, 28), or another
+    // holder's entry is found first (10, 37).
+    let cuts = 0, empty = 0, below = 0, ended = 0;
+    for (const seed of [1, 10, 12, 24, 28, 37]) {
+      const r = await runHistory(seed, lib, {
+        restartChance: 1,
+        leafChance: 1,
+        trace: true,
+      });
+      assert.deepEqual(r.violations, [], `seed ${seed}`);
+      const lines = r.trace.lines;
+      const leaves = new Set(
+        lines.filter((l) => /a client of the leaf node/.test(l.text)).map((
+          l,
+        ) => l.who),
+      );
+      assert.ok(leaves.size > 0, `seed ${seed}`);
+      // A leaf client is told nothing of the restart.
+      for (const l of lines) {
+        if (leaves.has(l.who) && /connection lost .*other/.test(l.text)) {
+          assert.fail(`seed ${seed}: ${l.who} saw the restart: ${l.text}`);
+        }
+      }
+      assert.ok(
+        lines.some((l) =>
+          /the hub went down behind the leaf node/.test(l.text)
+        ),
+      );
+      cuts += r.leafCuts;
+      const text = lines.map((l) => l.text).join("\n");
+      if (/no entry at all in answer to a renewal/.test(text)) empty++;
+      if (/in answer to a renewal expecting/.test(text)) below++;
+      for (const n of r.leafNotice) {
+        if (Number.isNaN(n.ms)) continue;
+        ended++;
+        assert.ok(n.ms <= n.bound, `seed ${seed}: ${n.ms} > ${n.bound}`);
+      }
+    }
+    assert.ok(
+      cuts >= 6 && empty >= 2 && below >= 2 && ended >= 3,
+      `${cuts} ${empty} ${below} ${ended}`,
+    );
+  });
+
+  test("runHistory() loses the acquire that created a holder's key, and its manager stops at the key with no entry at all", async () => {
+    // Seeds of the leaf focus whose restart reaches back over the latest
+    // acquire that created its key (Plan.coverCreation): in 49 a hub
+    // client's read after the reconnect finds the key with no entry at all,
+    // in 67 a leaf client's renewal does.
+    for (
+      const [seed, seen] of [
+        [
+          49,
+          /no entry at all in the leader read after the connection came back/,
+        ],
+        [67, /no entry at all in answer to a renewal/],
+      ] as const
+    ) {
+      const o = { restartChance: 1, leafChance: 1 };
+      const plan = makePlan(seed, o);
+      assert.ok(plan.coverAcquire && plan.coverCreation, `seed ${seed}`);
+      const r = await runHistory(seed, lib, { ...o, trace: true });
+      assert.deepEqual(r.violations, [], `seed ${seed}`);
+      const text = r.trace.lines.map((l) => l.text).join("\n");
+      assert.match(text, /restarted, lost .*back to none/);
+      assert.match(text, seen);
+      assert.match(text, /the key has no entry at all/);
+    }
   });
 
   test("runHistory() lets awaited blind writes overlap a successor only past the allowance and with a greater epoch", async () => {

@@ -58,6 +58,55 @@ export interface Episode {
   readonly bound: number;
 }
 
+/**
+ * An answer that showed a manager that the server lost writes it had
+ * acknowledged, on a tenure a restart took writes of (P10): no entry at
+ * all in the leader read after its connection came back or in answer to a
+ * renewal, either sent before the lease's deadline, or a revision below
+ * the one a renewal expected.
+ */
+export interface Proof {
+  readonly mgr: string;
+  readonly key: string;
+  /** True time the manager got the answer. */
+  readonly t: number;
+  readonly what: string;
+}
+
+/**
+ * A tenure of a leaf client (issue 31, point 3) that vouched at a server
+ * restart whose lost tail took its entry (the key's last message after it
+ * is no put of the tenure) or a put of it acknowledged to the client; the
+ * leaf client was told nothing.
+ */
+export interface LeafCut {
+  readonly mgr: string;
+  readonly key: string;
+  readonly epoch: number;
+  /** Its `Lease.tenure`. */
+  readonly tenure: string;
+  /** True time its acquiring put was applied. */
+  readonly acquiredAt: number;
+  /** True time of the restart. */
+  readonly loss: number;
+  /** True time the restarted server answers this leaf client again. */
+  readonly leafBack: number;
+}
+
+/**
+ * A leaf client's renewal carried across a lost tail (nothing told it of
+ * the restart) that landed on another tenure's entry at a reused revision.
+ */
+export interface Carried {
+  /** True time it was applied. */
+  readonly t: number;
+  readonly key: string;
+  /** The tenure that renewed (its manager and epoch). */
+  readonly by: { readonly mgr: string; readonly epoch: number };
+  /** The tenure whose entry it replaced, when that was a manager's put. */
+  readonly over: { readonly mgr: string; readonly epoch: number } | undefined;
+}
+
 /** Everything a history recorded, for the checks. */
 export interface History {
   readonly plan: Plan;
@@ -85,6 +134,23 @@ export interface History {
   readonly losses: readonly { t: number; k: number; from: number }[];
   /** Managers that went defunct for writes the server lost, when first seen. */
   readonly defunct: ReadonlyMap<string, number>;
+  /** The messages of `log` a restart lost. */
+  readonly lost: ReadonlySet<Stored>;
+  /** Server restarts that lost messages: when, when back, when back for every leaf client. */
+  readonly restarts: readonly { t: number; back: number; leafBack: number }[];
+  /** Leaf clients' tenures a restart took the entry of (P10). */
+  readonly leafCuts: readonly LeafCut[];
+  /** Renewals carried across a lost tail onto another tenure's entry. */
+  readonly carried: readonly Carried[];
+  /** Answers that showed a manager the server lost its acknowledged writes (P10). */
+  readonly proofs: readonly Proof[];
+  /** Tenures that ended (the managers' `lost` and `released` events). */
+  readonly ends: readonly {
+    mgr: string;
+    tenure: string;
+    t: number;
+    reason: string;
+  }[];
 }
 
 /**
@@ -117,6 +183,42 @@ export function allowance(ttl: number, epsilon: number): number {
   return ttl * (2 / (1 + epsilon) - 1 / (1 - epsilon));
 }
 
+/**
+ * How long after the restarted server answers a leaf client again (on its
+ * clock) the client may still vouch for a tenure whose entry the restart
+ * took, as point 10's residue in `lease.ts` bounds it: it notices at its
+ * next renewal, "within TTL/3", with P8's allowance for a renewal (a slot,
+ * a timer's lateness, an operation in flight). A fault of its own (a
+ * pause, a lost request) restarts the count when it ends.
+ *
+ * @param ttl The TTL, ms.
+ * @param maxDelay The largest one-way delay, ms.
+ * @returns The bound, ms.
+ */
+export function leafBound(ttl: number, maxDelay: number): number {
+  return ttl / 3 + renewalSlack(ttl, maxDelay);
+}
+
+/** Overlaps that P1 allows as point 10's residue for a leaf client, by what vouched for the leaf's write. */
+export interface TailResidue {
+  /** A blind write begun before the restart (as for any client: only the epoch could fence it). */
+  blind: number;
+  /** A lease-checked write begun with no round trip on a renewal the restart lost. */
+  start: number;
+  /** A careful write whose commit check passed on a renewal the restart lost. */
+  commit: number;
+  /** A write begun on a compare-and-set the restart lost, answered after it. */
+  crossed: number;
+  /** A renewal that landed on the successor's entry at the reused revision: the two tenures merged. */
+  merged: number;
+  /**
+   * Not an overlap (counted by `world.ts`, and a disturbance of the key for
+   * P6 and P9): a leaf client's renewal carried across the lost tail that
+   * landed on another tenure's entry at a reused revision.
+   */
+  carried: number;
+}
+
 /** What {@linkcode check} found. */
 export interface CheckResult {
   readonly violations: Violation[];
@@ -132,6 +234,18 @@ export interface CheckResult {
    * not counted as violations while lease.ts has the bug.
    */
   readonly orphans: number;
+  /** Overlaps allowed as point 10's residue for leaf clients, by kind. */
+  readonly leafResidue: TailResidue;
+  /**
+   * For each leaf client's tenure a restart took the entry of, with no
+   * fault of the client's own in between, how long after the server
+   * answered it again the tenure ended (ms of its clock, when later than
+   * that; `NaN` when it never ended), and what {@linkcode leafBound}
+   * allowed.
+   */
+  readonly leafNotice: { ms: number; bound: number }[];
+  /** The overlaps counted in `leafResidue`, described. */
+  readonly leafOverlaps: string[];
 }
 
 /**
@@ -145,6 +259,16 @@ export function check(h: History): CheckResult {
   const out: Violation[] = [];
   let fencedOverlaps = 0;
   let orphans = 0;
+  const leafResidue: TailResidue = {
+    blind: 0,
+    start: 0,
+    commit: 0,
+    crossed: 0,
+    merged: 0,
+    carried: 0,
+  };
+  const leafNotice: { ms: number; bound: number }[] = [];
+  const leafOverlaps: string[] = [];
   const { ttl, epsilon } = h.plan;
   const v = (
     property: string,
@@ -177,6 +301,128 @@ export function check(h: History): CheckResult {
     return best;
   };
   const node = (w: WriteRec) => h.nodes.get(w.mgr)!;
+
+  // ---- Point 10 for leaf clients (issue 31, point 3).
+  /** The restart that lost a put of `w`'s tenure, if one did. */
+  const lossOf = (w: WriteRec) => {
+    let at: { t: number; back: number; leafBack: number } | undefined;
+    for (const e of h.lost) {
+      if (
+        e.key !== w.key || e.incarnation !== w.incarnation ||
+        !(e.stamp >= w.acquiredAt) || !tenureWrite(e, w.mgr, w.epoch)
+      ) continue;
+      const r = h.restarts.find((r) => r.t >= e.stamp);
+      if (r && (!at || r.t < at.t)) at = r;
+    }
+    return at;
+  };
+  /** The stamp of the newest put of `w`'s tenure applied by true time t. */
+  const newestPut = (w: WriteRec, t: number): number => {
+    let best = -Infinity;
+    for (const e of puts.get(`${w.mgr}|${w.key}|${w.incarnation}`) ?? []) {
+      if (e.stamp > t) break;
+      if (e.stamp >= w.acquiredAt && tenureWrite(e, w.mgr, w.epoch)) {
+        best = e.stamp;
+      }
+    }
+    return best;
+  };
+  /**
+   * The landing of a renewal carried across a lost tail on another
+   * tenure's entry at a reused revision (`History.carried`) that `w`'s
+   * tenure took part in, by or over, if one did: the two tenures merged
+   * (point 10's residue: only `Lease.tenure` tells them apart).
+   */
+  const mergeOf = (w: WriteRec): Carried | undefined =>
+    h.carried.find((c) =>
+      c.key === w.key && c.t >= w.acquiredAt &&
+      ((c.by.mgr === w.mgr && c.by.epoch === w.epoch) ||
+        (c.over?.mgr === w.mgr && c.over.epoch === w.epoch))
+    );
+  /**
+   * Until when (true time) a leaf client may vouch for a tenure the restart
+   * at `loss` took the entry of: {@linkcode leafBound} after the server
+   * answers its leaf node again, and after each fault of its own that
+   * overlaps that.
+   */
+  const leafEnd = (mgr: string, loss: number, leafBack: number): number => {
+    const n = h.nodes.get(mgr)!;
+    const b = leafBound(ttl, h.plan.maxDelay);
+    let end = n.trueOf(n.local(leafBack) + b);
+    for (let changed = true; changed;) {
+      changed = false;
+      for (const d of h.disturbances) {
+        if (d.scope !== "node" || d.who !== mgr || d.t0 > end || d.t1 < loss) {
+          continue;
+        }
+        const e = n.trueOf(n.local(d.t1) + b);
+        if (e > end) {
+          end = e;
+          changed = true;
+        }
+      }
+    }
+    return end;
+  };
+  /**
+   * Whether `w`, a leaf client's write, began after a restart that lost a
+   * put of its tenure, on the strength of a put from before the restart.
+   */
+  const leafStale = (w: WriteRec): boolean => {
+    if (!node(w).leaf) return false;
+    const r = lossOf(w);
+    return r !== undefined && w.start >= r.t && newestPut(w, w.start) < r.t;
+  };
+  /**
+   * Whether `w` began after its tenure merged with another at a reused
+   * revision (point 10's residue: epochs repeat or go back there): any
+   * write of the tenure whose renewal was carried over the other's entry,
+   * and the other's until leafBound() after it.
+   */
+  const mergedLate = (w: WriteRec): boolean => {
+    const c = mergeOf(w);
+    if (c === undefined || w.start < c.t) return false;
+    if (c.by.mgr === w.mgr && c.by.epoch === w.epoch) return true;
+    return w.start < leafEnd(w.mgr, c.t, c.t);
+  };
+  /**
+   * Why an overlap of `x`, a leaf client's write, with `y`, begun after the
+   * restart, is point 10's residue, if it is: the restart lost a put of
+   * x's tenure, and every instant after the restart at which x was vouched
+   * for (its start, and a careful write's commit check) came before
+   * {@linkcode leafEnd} and rested on a put from before the restart; or
+   * x's tenure merged with the successor's at a reused revision.
+   */
+  const leafResidueOf = (
+    x: WriteRec,
+    y: WriteRec,
+  ): keyof TailResidue | undefined => {
+    const c = mergeOf(x);
+    if (c?.over !== undefined && c === mergeOf(y)) {
+      // The merged tenures side by side: the one merged over until it
+      // notices (its next compare-and-set fails), within leafBound().
+      const over = c.over!.mgr === x.mgr ? x : y;
+      const end = leafEnd(over.mgr, c.t, c.t);
+      const late = [
+        over.start,
+        ...(over.kind === "careful" && over.committed ? [over.commit!] : []),
+      ].some((v) => v >= end);
+      if (!late) return "merged";
+    }
+    if (!node(x).leaf) return undefined;
+    const r = lossOf(x);
+    if (!r || y.start < r.t) return undefined;
+    const end = leafEnd(x.mgr, r.t, r.leafBack);
+    const moments = [
+      x.start,
+      ...(x.kind === "careful" && x.committed ? [x.commit!] : []),
+    ].filter((v) => v >= r.t);
+    if (!moments.every((v) => v < end && newestPut(x, v) < r.t)) {
+      return undefined;
+    }
+    if (x.start < r.t) return moments.length === 0 ? "blind" : "commit";
+    return x.fast ? "start" : "crossed";
+  };
 
   // P2 (epoch is a real acquiring revision) and P3 (deadline part).
   for (const w of h.writes) {
@@ -254,6 +500,11 @@ export function check(h: History): CheckResult {
     let top: WriteRec | undefined;
     let era = 0;
     for (const w of list) {
+      // A leaf client's write begun after the restart on its tenure's
+      // entry from before it (that it did not know was lost) belongs to
+      // the stretch before: point 10's residue for leaf clients, whose
+      // bound P10 checks.
+      if (leafStale(w) || mergedLate(w)) continue;
       const e = eraOf(w.start);
       if (e !== era) {
         era = e;
@@ -285,16 +536,32 @@ export function check(h: History): CheckResult {
         // what point 10 promises instead (see README.md, P1).
         const lossAt = h.losses.find((l) => w1.start < l.t && l.t <= w2.start)
           ?.t;
+        const residue = leafResidueOf(w1, w2) ?? leafResidueOf(w2, w1);
         if (overrun > G && (w2.epoch > w1.epoch || lossAt !== undefined)) {
           fencedOverlaps++;
         } else if (
-          lossAt !== undefined && w1.kind !== "careful" &&
+          lossAt !== undefined && w1.kind !== "careful" && !node(w1).leaf &&
           w1.start < (node(w1).downSeen.find((t) => t >= lossAt) ?? Infinity)
         ) {
           // An unchecked write already running when its process learnt of
           // the drop: only the epoch could fence it, and the successor's may
           // repeat it (point 10's residue).
           fencedOverlaps++;
+        } else if (residue !== undefined) {
+          // A leaf client, told nothing of the restart, vouched on what the
+          // restart lost, before it could notice (point 10's residue).
+          leafResidue[residue]++;
+          leafOverlaps.push(
+            `${residue}: write #${w1.id} of ${w1.mgr} (${w1.kind}${
+              w1.fast ? ", no round trip" : ""
+            }, epoch ${w1.epoch}, ${w1.start.toFixed(3)}–${
+              c1.toFixed(3)
+            }) overlaps write #${w2.id} of ${w2.mgr} (${w2.kind}${
+              w2.fast ? ", no round trip" : ""
+            }, epoch ${w2.epoch}, ${w2.start.toFixed(3)}–${
+              w2.commit!.toFixed(3)
+            })`,
+          );
         } else {
           v(
             "P1",
@@ -557,5 +824,97 @@ export function check(h: History): CheckResult {
       }
     }
   }
-  return { violations: out, fencedOverlaps, orphans };
+  // P10 (issue 31, point 2): a manager shown that the server lost writes
+  // it had acknowledged (no entry at all where its entry cannot have
+  // expired yet, or a revision below its own) vouches for nothing after.
+  for (const p of h.proofs) {
+    for (const w of h.writes) {
+      if (w.mgr !== p.mgr) continue;
+      const at = w.start > p.t
+        ? w.start
+        : w.kind === "careful" && w.committed && w.commit! > p.t
+        ? w.commit!
+        : undefined;
+      if (at === undefined) continue;
+      v(
+        "P10",
+        at,
+        w.key,
+        `${p.mgr} was shown at ${
+          p.t.toFixed(3)
+        } that the server lost writes it had acknowledged on '${p.key}' (${p.what}), but vouched for write #${w.id} (epoch ${w.epoch}) at ${
+          at.toFixed(3)
+        }`,
+      );
+      break;
+    }
+  }
+  // P10 for leaf clients (issue 31, point 3): a tenure whose entry a
+  // restart took while it vouched, with nothing told, vouches for nothing
+  // once leafBound() has passed since the server answered the leaf node
+  // again, unless a renewal of it landed on the successor's entry at the
+  // reused revision (then only Lease.tenure tells them apart).
+  for (const c of h.leafCuts) {
+    const n = h.nodes.get(c.mgr)!;
+    const ended = h.ends.find((e) =>
+      e.mgr === c.mgr && e.tenure === c.tenure && e.t >= c.loss
+    );
+    const back = c.leafBack;
+    if (
+      h.carried.some((m) =>
+        m.key === c.key && m.by.mgr === c.mgr && m.by.epoch === c.epoch &&
+        m.t >= c.acquiredAt
+      )
+    ) continue;
+    // How long it took, for the summary: only where no fault of its own
+    // (a pause, a lost request) came in between.
+    const until = ended?.t ?? Math.min(n.diedAt, h.plan.duration);
+    const own = h.disturbances.some((d) =>
+      d.scope === "node" && d.who === c.mgr && d.t0 <= until &&
+      d.t1 >= c.loss
+    );
+    if (!own) {
+      const bound = leafBound(ttl, h.plan.maxDelay);
+      if (ended === undefined) leafNotice.push({ ms: NaN, bound });
+      else if (ended.t > back) {
+        leafNotice.push({ ms: n.local(ended.t) - n.local(back), bound });
+      }
+    }
+    const end = leafEnd(c.mgr, c.loss, c.leafBack);
+    for (const w of h.writes) {
+      if (
+        w.mgr !== c.mgr || w.key !== c.key || w.epoch !== c.epoch ||
+        !(w.acquiredAt === c.acquiredAt)
+      ) continue;
+      const at = w.start >= end
+        ? w.start
+        : w.kind === "careful" && w.committed && w.commit! >= end
+        ? w.commit!
+        : undefined;
+      if (at === undefined) continue;
+      v(
+        "P10",
+        at,
+        w.key,
+        `leaf client ${c.mgr}'s tenure (epoch ${c.epoch}) lost its entry in the restart at ${
+          c.loss.toFixed(3)
+        } (nothing told), the server answered the leaf node again by ${
+          back.toFixed(3)
+        }, yet it vouched for write #${w.id} at ${at.toFixed(3)}, after ${
+          end.toFixed(3)
+        } (TTL/3 + ${
+          renewalSlack(ttl, h.plan.maxDelay).toFixed(1)
+        } ms of its clock after that, or after a fault of its own)`,
+      );
+      break;
+    }
+  }
+  return {
+    violations: out,
+    fencedOverlaps,
+    orphans,
+    leafResidue,
+    leafNotice,
+    leafOverlaps,
+  };
 }

@@ -162,6 +162,8 @@ export class SimKv {
    * marker appends nothing, as on a real server): the watches' feed.
    */
   readonly appended: Set<(e: Stored) => void> = new Set();
+  /** Called with every compare-and-set applied and the message it replaced. */
+  onWrite: ((e: Stored, replaced: Stored | undefined) => void) | undefined;
 
   /**
    * @param sched The event queue (for expiries).
@@ -277,6 +279,7 @@ export class SimKv {
       sendLocal,
     });
     this.#msgIds.set(w.msgId, e.seq);
+    this.onWrite?.(e, cur);
     return { seq: e.seq };
   }
 
@@ -470,6 +473,17 @@ export class SimKv {
     if (!c) this.#chain.set(subject, c = []);
     c.push(e);
     if (c.length > 4 * MAX_LOST) c.shift();
+  }
+
+  /**
+   * Whether the key of `e`, a message of this incarnation, had no entry at
+   * all right before `e` (so a restart that loses `e` and what came after
+   * leaves it with none).
+   */
+  createdKey(e: Stored): boolean {
+    const c = this.#chain.get(e.subject) ?? [];
+    const i = c.indexOf(e);
+    return i >= 0 && (i === 0 || c[i - 1] === null);
   }
 
   /** The sequence of the latest message a restart could lose now (0: none). */

@@ -44,6 +44,15 @@
  *   order behind the requests sent before it (so after the compare-and-set
  *   it follows), answered with the marker life the bucket proves when it
  *   arrives ({@linkcode SimKv.provenMarkerLife}); 0 when lost or late.
+ * - **A leaf client** ({@linkcode SimNode.leaf}; issue 31, point 3): its
+ *   connection is to a leaf node of the server with the bucket (the hub),
+ *   so a restart of the hub drops no connection of its own and the port
+ *   reports nothing ({@linkcode SimNode.hubRestart}). Until the hub answers
+ *   the leaf again, a request that reaches it is lost (it was on the way to
+ *   the hub: it times out) or answered "no responders" at once (the leaf
+ *   knows no route), half each; a reply the hub sent before it went down
+ *   that had not arrived is lost or delivered, half each; watches go
+ *   silent and resume with the last entry once the hub answers.
  *
  * @module
  */
@@ -81,6 +90,31 @@ export interface Network {
   disturbed(node: SimNode, t0: number, t1: number, why: string): void;
   /** Whether a reply the old server sent before a drop is still delivered (after `"down"`). */
   crossedReply(): boolean;
+  /**
+   * A leaf client's request reaching its leaf node while the hub is down:
+   * lost (it times out), or answered "no responders" at once. Default: lost.
+   */
+  outage?(node: SimNode): "lost" | "noResponders";
+  /** Whether a reply the hub sent before it went down still reaches a leaf client. Default: yes. */
+  hubReply?(node: SimNode): boolean;
+  /**
+   * Called as the port is asked for a request on a key; the function it
+   * returns, if any, hears the answer the manager gets (after the port's
+   * identity check; never a rejection), as it gets it.
+   */
+  observe?(node: SimNode, r: Observed): ((answer: unknown) => void) | undefined;
+}
+
+/** A port request as {@linkcode Network.observe} sees it. */
+export interface Observed {
+  readonly key: string;
+  readonly what: "write" | "read";
+  /** The read's query (a read of a key). */
+  readonly query?: { readonly seq?: number; readonly leader: boolean };
+  /** The write (a write). */
+  readonly req?: WriteRequest;
+  /** The process's clock when the port was asked. */
+  readonly local: number;
 }
 
 /** The error class the port must reject with when the bucket is gone. */
@@ -126,6 +160,14 @@ export class SimNode implements Target {
   /** Requests held while down, sent at the reconnect (as nats.js does). */
   #heldSends: (() => void)[] = [];
   readonly #linkFns: ((c: "down" | "same" | "other") => void)[] = [];
+  /**
+   * A client of a leaf node: a restart of the server with the bucket (the
+   * hub) drops none of its connections ({@linkcode SimNode.hubRestart}).
+   */
+  leaf = false;
+  /** The hub's latest outage seen by this leaf client: [from, until) in true time. */
+  #outageFrom = 0;
+  #outageUntil = 0;
   readonly port: Port;
   readonly #sched: Scheduler;
   readonly #kv: SimKv;
@@ -359,6 +401,44 @@ export class SimNode implements Target {
     sched.at(until, up, { pure: true });
   }
 
+  /**
+   * The hub restarts behind this leaf client's leaf node and answers it
+   * again at true time `until`: the client's connection stays up and its
+   * manager is told nothing (see the module's description).
+   */
+  hubRestart(until: number): void {
+    if (this.dead || this.closed) return;
+    const sched = this.#sched;
+    this.#outageFrom = sched.now;
+    this.#outageUntil = Math.max(this.#outageUntil, until);
+    this.#trace.add(
+      sched.now,
+      undefined,
+      this.label,
+      () =>
+        `the hub went down behind the leaf node (connection kept, nothing told; the hub answers again at ${
+          until.toFixed(3)
+        })`,
+    );
+    sched.at(until, () => {
+      if (sched.now < this.#outageUntil || this.dead) return;
+      this.#trace.add(
+        sched.now,
+        undefined,
+        this.label,
+        () => `the hub answers the leaf node again`,
+      );
+      if (this.closed || this.linkDown) return;
+      for (const fn of this.#resync) fn();
+    }, { pure: true });
+  }
+
+  /** The hub is down behind this leaf client now. */
+  #hubDown(): boolean {
+    const now = this.#sched.now;
+    return now >= this.#outageFrom && now < this.#outageUntil;
+  }
+
   /** The process stops for good. */
   crash(): void {
     if (this.dead) return;
@@ -494,13 +574,42 @@ export class SimNode implements Target {
             if (sched.now > arrival) transmit();
             return;
           }
+          if (this.#hubDown()) {
+            // A leaf client while the hub is down: lost on the way, or no
+            // route from the leaf node.
+            const how = this.#net.outage?.(this) ?? "lost";
+            this.#trace.add(
+              sched.now,
+              key,
+              this.label,
+              () =>
+                `${describe()}: the hub is down (${
+                  how === "lost" ? "lost" : "no responders"
+                })`,
+            );
+            if (how === "lost") return;
+            sched.at(sched.now + this.#net.delay(), () => {
+              if (p.settled || this.partitioned) return;
+              this.#settle(p, undefined, new Error("no responders"));
+            }, { target: this, kind: "io" });
+            return;
+          }
           const reply = serve();
+          const served = sched.now;
           if (fate === "lostReply") return;
           const back = fate === "lateReply"
             ? timeout / this.rate + this.#net.lateBy()
             : this.#net.delay();
           sched.at(sched.now + back, () => {
             if (p.settled || this.partitioned) return;
+            if (
+              this.#outageFrom > served && this.#outageFrom <= sched.now &&
+              !(this.#net.hubReply?.(this) ?? true)
+            ) {
+              // Sent by the hub before it went down, not yet here: lost
+              // with the hub's connection to the leaf node.
+              return;
+            }
             if (gen !== this.#gen) {
               // Sent by the server before the drop, not yet here: lost, or
               // delivered after "down" (never before it).
@@ -595,6 +704,12 @@ export class SimNode implements Target {
         const begun = sched.now;
         const key = keyOf(req.subject);
         const sendLocal = this.local();
+        const heard = this.#net.observe?.(this, {
+          key,
+          what: "write",
+          req,
+          local: sendLocal,
+        });
         const value = new TextDecoder().decode(req.value);
         let res: WriteResult;
         try {
@@ -649,6 +764,7 @@ export class SimNode implements Target {
             throw err;
           }
         }
+        heard?.(res);
         return res;
       },
       read: (subject, query, timeout): Promise<RawEntry | null> => {
@@ -658,6 +774,12 @@ export class SimNode implements Target {
         const what = `read ${
           query.seq === undefined ? "last" : `@${query.seq}`
         }${query.leader ? " (leader)" : ""}`;
+        const heard = this.#net.observe?.(this, {
+          key,
+          what: "read",
+          query,
+          local: this.local(),
+        });
         return this.#request<RawEntry | null>(
           "read",
           key,
@@ -692,6 +814,7 @@ export class SimNode implements Target {
                 throw err;
               }
             }
+            heard?.(entry);
             return entry;
           },
           (err) => {
@@ -739,7 +862,10 @@ export class SimNode implements Target {
     const deliver = (e: Stored | null, due: number) => {
       lastDue = Math.max(due, lastDue);
       sched.at(lastDue, () => {
-        if (stopped || this.closed || this.partitioned || this.linkDown) return;
+        if (
+          stopped || this.closed || this.partitioned || this.linkDown ||
+          this.#hubDown()
+        ) return;
         this.#trace.add(
           sched.now,
           key,
@@ -751,7 +877,9 @@ export class SimNode implements Target {
     };
     // The subject's last entry, read at the server one delay from now.
     const start = () => {
-      if (this.closed || this.partitioned || this.linkDown) return;
+      if (this.closed || this.partitioned || this.linkDown || this.#hubDown()) {
+        return;
+      }
       sched.at(sched.now + this.#net.delay(), () => {
         if (stopped || kv.gone) return;
         deliver(kv.last(subject) ?? null, sched.now + this.#net.delay());
@@ -759,7 +887,8 @@ export class SimNode implements Target {
     };
     const onAppend = (e: Stored) => {
       if (
-        e.subject !== subject || stopped || this.partitioned || this.linkDown
+        e.subject !== subject || stopped || this.partitioned ||
+        this.linkDown || this.#hubDown()
       ) return;
       deliver(e, sched.now + this.#net.delay());
     };

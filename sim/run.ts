@@ -165,6 +165,20 @@ export interface BatchResult {
   ms: number;
   /** Seeds that showed finding 4 (P7 breaches, also counted as failures). */
   orphans: number[];
+  /** Leaf clients' tenures a restart took the entry of, and the histories with one. */
+  leafCuts: number;
+  leafHistories: number;
+  /** Answers that showed a manager the server lost its acknowledged writes (P10). */
+  proofs: number;
+  /** Overlaps allowed as point 10's residue for leaf clients, by kind, with the first seed of each. */
+  leafResidue: Map<string, { n: number; first: number }>;
+  /**
+   * The latest a leaf client's cut tenure ended after the server answered
+   * it again, ms, with the bound P10 allowed and the seed.
+   */
+  leafNotice: { ms: number; bound: number; seed: number } | undefined;
+  /** Cut tenures that never ended within their history. */
+  leafNeverEnded: number;
 }
 
 /**
@@ -196,6 +210,12 @@ export async function runBatch(
     steps: 0,
     ms: 0,
     orphans: [],
+    leafCuts: 0,
+    leafHistories: 0,
+    proofs: 0,
+    leafResidue: new Map(),
+    leafNotice: undefined,
+    leafNeverEnded: 0,
   };
   for (let s = o.from; res.histories < limit; s++) {
     if (
@@ -205,6 +225,23 @@ export async function runBatch(
     res.histories++;
     res.steps += r.steps;
     if (r.orphans > 0) res.orphans.push(s);
+    res.leafCuts += r.leafCuts;
+    if (r.leafCuts > 0) res.leafHistories++;
+    res.proofs += r.proofs;
+    for (const [k, n] of Object.entries(r.leafResidue)) {
+      if (n === 0) continue;
+      const e = res.leafResidue.get(k);
+      if (e) e.n += n;
+      else res.leafResidue.set(k, { n, first: s });
+    }
+    for (const { ms, bound } of r.leafNotice) {
+      if (Number.isNaN(ms)) res.leafNeverEnded++;
+      else if (
+        !res.leafNotice || ms / bound > res.leafNotice.ms / res.leafNotice.bound
+      ) {
+        res.leafNotice = { ms, bound, seed: s };
+      }
+    }
     if (r.violations.length > 0) {
       res.failed++;
       res.first ??= r;
@@ -463,9 +500,27 @@ function summary(b: BatchResult, what: string): string {
       b.orphans.slice(0, 5).join(", ")
     })`
     : "";
+  const residue = [...b.leafResidue].map(([k, e]) =>
+    `${k} ${e.n} (first seed ${e.first})`
+  );
+  const leaf = b.leafCuts > 0
+    ? `; leaf clients: ${b.leafCuts} tenures lost their entry unseen in ${b.leafHistories} histories, residue overlaps ${
+      residue.length ? residue.join(", ") : "none"
+    }, latest end ${
+      b.leafNotice
+        ? `${
+          b.leafNotice.ms.toFixed(1)
+        } ms after the server answered the leaf client (bound ${
+          b.leafNotice.bound.toFixed(1)
+        } ms; seed ${b.leafNotice.seed})`
+        : "none after the server answered"
+    }${b.leafNeverEnded ? `, ${b.leafNeverEnded} never ended` : ""}`
+    : "";
   return `${what}: ${b.histories} histories, ${b.failed} failed${
     props.length ? ` [${props.join("; ")}]` : ""
-  }${known}; ${(b.ms / 1000).toFixed(1)} s, ${rate.toFixed(0)} histories/s, ${
+  }${known}; lost tails shown to managers ${b.proofs}${leaf}; ${
+    (b.ms / 1000).toFixed(1)
+  } s, ${rate.toFixed(0)} histories/s, ${
     (b.steps / b.histories).toFixed(0)
   } events/history`;
 }
@@ -528,6 +583,9 @@ async function main(argv: readonly string[]): Promise<number> {
     console.log(r.trace.format(undefined, Infinity));
     for (const v of r.violations) {
       console.log(`${v.property} at ${v.t.toFixed(3)}: ${v.message}`);
+    }
+    for (const o of r.leafOverlaps) {
+      console.log(`allowed as point 10's residue for a leaf client: ${o}`);
     }
     return r.violations.length > 0 ? 1 : 0;
   }

@@ -13,16 +13,22 @@
  */
 
 import type {
+  Lease,
   LeaseManager,
   ManagerSettings,
   Port,
   WriteRequest,
+  WriteResult,
 } from "../lease.ts";
 import {
+  type Carried,
   check,
   type Disturbance,
   type Episode,
   type History,
+  type LeafCut,
+  type Proof,
+  type TailResidue,
 } from "./check.ts";
 import { MAX_LOST, SimKv, type Stored } from "./kv.ts";
 import {
@@ -87,6 +93,12 @@ export interface SimOptions {
   restartChance?: number;
   /** Probability of connection blips (down, then back on the same server). @default {0.25} */
   blipChance?: number;
+  /**
+   * Probability that a history has clients of a leaf node, which a server
+   * restart drops no connection of (see {@linkcode Plan.leafShare}).
+   * @default {0.5}
+   */
+  leafChance?: number;
   /** Probability of a crash-and-replace liveness episode (P5). @default {0.3} */
   livenessChance?: number;
   /** Kind of the non-careful writes. @default {"blind"} */
@@ -224,6 +236,22 @@ export interface Plan {
   /** Mean time between connection blips (down, back on the same server), ms (0: none). */
   blipEvery: number;
   /**
+   * Share of node ids whose processes are clients of a leaf node of the
+   * server with the bucket (issue 31, point 3): the server's restart
+   * drops none of their connections, so their managers are told nothing
+   * (0: none). Drawn from a stream of its own, as are `leafGap` and
+   * `coverCreation`.
+   */
+  leafShare: number;
+  /** How long after the restarted server is back it answers the leaf node's clients, ms. */
+  leafGap: number;
+  /**
+   * With `coverAcquire`: the lost tail reaches back over the latest acquire
+   * that created its key (the key had no entry before it), so the key is
+   * left with no entry at all while its holder holds it (issue 31, point 2).
+   */
+  coverCreation: boolean;
+  /**
    * Probability that a renewal's send meets a storm: 15-40 operator
    * deletes and purges on its key, each within one network delay of the
    * last, so the renewal's revisions keep moving (0: none).
@@ -254,6 +282,16 @@ export interface HistoryResult {
   readonly fencedOverlaps: number;
   /** P7 breaches of the known finding 4 (see `CheckResult.orphans`). */
   readonly orphans: number;
+  /** Overlaps P1 allows as point 10's residue for leaf clients (see `CheckResult.leafResidue`). */
+  readonly leafResidue: TailResidue;
+  /** See `CheckResult.leafNotice`. */
+  readonly leafNotice: readonly { ms: number; bound: number }[];
+  /** See `CheckResult.leafOverlaps`. */
+  readonly leafOverlaps: readonly string[];
+  /** Leaf clients' tenures a restart took the entry of. */
+  readonly leafCuts: number;
+  /** Answers that showed a manager the server lost its acknowledged writes (P10). */
+  readonly proofs: number;
   /**
    * Liveness episodes (P5): the crash, when the holder's entry went, the next
    * write's start and P5's limit for it (true time, ms).
@@ -289,6 +327,11 @@ export interface WriteRec {
   commitDeadline?: number;
   /** Why the commit check threw. */
   reason?: string;
+  /**
+   * A lease-checked guard ran it with no round trip (its start is vouched
+   * by the last renewal, not by a compare-and-set of its own).
+   */
+  readonly fast: boolean;
   /**
    * True time at which the server applied the put that began its tenure
    * (a tenure is a manager instance, an epoch and this: a restart that
@@ -384,6 +427,9 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
     crossAtRestart: false,
     restartGap: 0,
     blipEvery: 0,
+    leafShare: 0,
+    leafGap: 0,
+    coverCreation: false,
   };
   const rw = stream(seed, "waitplan");
   plan.waitShare = rw.chance(0.5) ? rw.between(0.1, 0.6) : 0;
@@ -404,6 +450,10 @@ export function makePlan(seed: number, o: SimOptions = {}): Plan {
   plan.coverAcquire = rr.chance(0.5);
   plan.restartGap = rr.between(1, ttl / 2);
   plan.blipEvery = rr.chance(o.blipChance ?? 0.25) ? rr.between(2, 8) * ttl : 0;
+  const rl = stream(seed, "leafplan");
+  plan.leafShare = rl.chance(o.leafChance ?? 0.5) ? rl.between(0.3, 1) : 0;
+  plan.leafGap = rl.between(0, ttl / 2);
+  plan.coverCreation = rl.chance(0.5);
   Object.assign(plan, o.override);
   // Only markers can be removed, lowered or rolled back.
   if (!plan.markers) plan.markerEdit = undefined;
@@ -470,6 +520,7 @@ export async function runHistory(
   const rCheck = stream(seed, "check");
   const rPart = stream(seed, "partitions");
   const rRestart = stream(seed, "restart");
+  const rLeaf = stream(seed, "leaf");
   const pauseLength = (): number => {
     const x = rPause.next();
     return x < 0.5
@@ -538,6 +589,70 @@ export async function runHistory(
   /** The server restart (at most one per history) happened. */
   let restarted = false;
   let episode: Episode | undefined;
+  /** The latest lease each manager handed to a write on each key, and when its tenure's put was applied. */
+  const leases = new Map<string, { lease: Lease; acquiredAt: number }>();
+  /** Node ids of leaf clients (drawn as each id first appears). */
+  const leafIds = new Map<string, boolean>();
+  /** Server restarts that lost messages: when, when back, when back for the leaf node. */
+  const restarts: { t: number; back: number; leafBack: number }[] = [];
+  /** Tenures of leaf clients that a restart took the entry of while they vouched. */
+  const leafCuts: LeafCut[] = [];
+  /** Answers that showed a manager the server lost writes it acknowledged (P10). */
+  const proofs: Proof[] = [];
+  /** Puts acknowledged to each process: `label|key|seq`. */
+  const acked = new Set<string>();
+  /**
+   * Renewals of leaf clients carried across a restart that lost their
+   * tenure's writes (nothing told them of it) that landed on another
+   * tenure's entry at a reused revision: point 10's residue for leaf
+   * clients ("a renewal's CAS that finds our own revision reused by the
+   * successor succeeds"). To the tenure they landed on, an out-of-band
+   * change of the key, as an operator's delete is. (Any other client saw
+   * the drop, and lease.ts must not trust such a renewal: mutant R2.)
+   */
+  const carried: Carried[] = [];
+  kv.onWrite = (e, replaced) => {
+    const epoch = tagEpoch(e.msgId) ?? 0;
+    if (
+      epoch === 0 || restarts.length === 0 || replaced === undefined ||
+      !nodes.get(e.writer)?.leaf ||
+      replaced.stamp < restarts[0]!.t ||
+      tenureWrite(replaced, e.writer, epoch) ||
+      ![...kv.lost].some((l) =>
+        l.key === e.key && tenureWrite(l, e.writer, epoch)
+      )
+    ) return;
+    const over = replaced.operation === undefined &&
+        replaced.marker === undefined &&
+        replaced.writer !== "operator" && replaced.writer !== "server"
+      ? {
+        mgr: replaced.writer,
+        epoch: tagEpoch(replaced.msgId) || replaced.seq,
+      }
+      : undefined;
+    carried.push({
+      t: sched.now,
+      key: e.key,
+      by: { mgr: e.writer, epoch },
+      over,
+    });
+    disturbances.push({
+      scope: "key",
+      who: e.key,
+      t0: sched.now,
+      t1: sched.now,
+      why: "a renewal carried across a lost tail landed at a reused revision",
+    });
+    trace.add(
+      sched.now,
+      e.key,
+      "sim",
+      () =>
+        `${e.writer}'s renewal (epoch ${epoch}) was carried across the lost tail: it landed on ${replaced.writer}'s @${replaced.seq}`,
+    );
+  };
+  /** Tenures that ended: the managers' "lost" and "released" events. */
+  const ends: { mgr: string; tenure: string; t: number; reason: string }[] = [];
 
   // A storm of operator deletes and purges on a key, each within one
   // network delay of the last: a renewal in flight finds its revisions
@@ -640,6 +755,73 @@ export async function runHistory(
       disturbances.push({ scope: "node", who: node.label, t0, t1, why });
     },
     crossedReply: () => rRestart.chance(0.5),
+    outage: () => rLeaf.chance(0.5) ? "lost" : "noResponders",
+    hubReply: () => rLeaf.chance(0.5),
+    observe(node, r) {
+      // The writes acknowledged to each process (a leaf client's tenure
+      // whose acknowledged put a restart lost must stop: P10).
+      const ack = r.what === "write"
+        ? (answer: unknown) => {
+          const res = answer as WriteResult;
+          if ("seq" in res) acked.add(`${node.label}|${r.key}|${res.seq}`);
+        }
+        : undefined;
+      // P10: the answers that show a manager the server lost writes it had
+      // acknowledged, as lease.ts reads them: no entry at all, in the
+      // leader read after the connection came back (#verify) or in answer
+      // to a renewal, sent before the lease's deadline; or a revision
+      // below the one a renewal expected.
+      const h = leases.get(`${node.label}|${r.key}`);
+      if (!h) return ack;
+      const { lease, acquiredAt } = h;
+      const verify = r.what === "read" && r.query?.leader === true &&
+        r.query.seq === undefined;
+      const renewal = r.what === "write" && r.req?.op === "PUT" &&
+        r.req.expect > 0 && tagEpoch(r.req.msgId) === lease.epoch;
+      if (!verify && !renewal) return ack;
+      const before = r.local < lease.deadline;
+      const downs = node.downSeen.length;
+      return (answer) => {
+        ack?.(answer);
+        // A drop since: lease.ts asks again rather than decide.
+        if (node.downSeen.length !== downs || node.linkDown) return;
+        // Still the same tenure, and its deadline still ahead of the send.
+        if (!(r.local < lease.deadline)) return;
+        let what: string | undefined;
+        if (verify) {
+          if (answer === null && before && node.local() < lease.deadline) {
+            what =
+              "no entry at all in the leader read after the connection came back, sent before its deadline";
+          }
+        } else {
+          const res = answer as WriteResult;
+          if ("conflict" in res && res.conflict === 0 && before) {
+            what =
+              "no entry at all in answer to a renewal sent before its deadline";
+          } else if (
+            "conflict" in res && res.conflict > 0 &&
+            res.conflict < r.req!.expect
+          ) {
+            what = `revision ${res.conflict} in answer to a renewal expecting ${
+              r.req!.expect
+            }`;
+          }
+        }
+        if (what === undefined) return;
+        // Only where a restart lost writes of this tenure.
+        const cut = [...kv.lost].some((e) =>
+          e.stamp >= acquiredAt && tenureWrite(e, node.label, lease.epoch)
+        );
+        if (!cut) return;
+        proofs.push({ mgr: node.label, key: r.key, t: sched.now, what });
+        trace.add(
+          sched.now,
+          r.key,
+          "sim",
+          () => `${node.label} sees a lost tail: ${what}`,
+        );
+      };
+    },
   };
 
   const newNode = (label: string): SimNode => {
@@ -683,6 +865,8 @@ export async function runHistory(
 
   const addManager = (label: string, nodeId: string): Mgr => {
     const node = newNode(label);
+    if (!leafIds.has(nodeId)) leafIds.set(nodeId, rLeaf.chance(plan.leafShare));
+    node.leaf = leafIds.get(nodeId)!;
     const m: Mgr = {
       label,
       nodeId,
@@ -692,12 +876,30 @@ export async function runHistory(
       replaced: false,
     };
     mgrs.push(m);
+    m.mgr.addEventListener("lost", (e) => {
+      ends.push({
+        mgr: label,
+        tenure: e.tenure,
+        t: sched.now,
+        reason: e.reason,
+      });
+    });
+    m.mgr.addEventListener("released", (e) => {
+      ends.push({
+        mgr: label,
+        tenure: e.tenure,
+        t: sched.now,
+        reason: "released",
+      });
+    });
     trace.add(
       sched.now,
       undefined,
       label,
       () =>
-        `manager started (node ${nodeId}, clock rate ${node.rate.toFixed(6)})`,
+        `manager started (node ${nodeId}, clock rate ${node.rate.toFixed(6)}${
+          node.leaf ? ", a client of the leaf node" : ""
+        })`,
     );
     workload(m);
     return m;
@@ -728,8 +930,14 @@ export async function runHistory(
         reason?.name !== "NotHolderError" || /was released/.test(reason.message)
       ) return;
       const last = kv.last(kv.subject(key));
+      // A leaf client may be answered, after a restart it is not told of,
+      // about messages the restart then lost (a delete over our entry): the
+      // entry the restart brought back is not what it was shown.
+      const restored = m.node.leaf && last !== undefined &&
+        [...kv.lost].some((e) => e.key === key && e.seq > last.seq);
       if (
-        last && kv.incarnation === inc && tenureWrite(last, m.label, epoch)
+        last && kv.incarnation === inc && tenureWrite(last, m.label, epoch) &&
+        !restored
       ) {
         violate(
           "P4",
@@ -800,12 +1008,14 @@ export async function runHistory(
         kind,
         incarnation: kv.incarnation,
         acquiredAt: applied.get(`${m.label}|${key}|${lease.epoch}`) ?? NaN,
+        fast: !returned,
         start: t,
         startLocal: local,
         startDeadline: lease.deadline,
         committed: false,
       };
       writes.push(rec);
+      leases.set(`${m.label}|${key}`, { lease, acquiredAt: rec.acquiredAt });
       trace.add(
         t,
         key,
@@ -839,7 +1049,8 @@ export async function runHistory(
       // P9: a write a lease-checked guard ran with no round trip starts
       // while its tenure's entry is still the key's last on the leader,
       // unless an operator (or a bucket deletion) removed it within the
-      // TTL before, which that mode notices only at the next renewal.
+      // TTL before, which that mode notices only at the next renewal (and
+      // likewise a renewal carried across a lost tail: see `carried`).
       if (!returned) {
         const last = kv.last(kv.subject(key));
         const since = t - 1.1 * ttl / (1 - plan.clockEpsilon);
@@ -1091,25 +1302,84 @@ export async function runHistory(
       let k = lose ?? plan.lostTail;
       if (plan.coverAcquire) {
         // Back to (and over) the latest acquire still in reach: a holder
-        // whose tenure the server forgets, renewals and all.
-        const acq = kv.recent().find((e) =>
+        // whose tenure the server forgets, renewals and all. With
+        // coverCreation, the latest one that created its key, when one is
+        // in reach: its holder's key is then left with no entry at all.
+        const acquires = kv.recent().filter((e) =>
           /^lease:[^:]+:0:/.test(e.msgId ?? "")
         );
+        const acq = (plan.coverCreation
+          ? acquires.find((e) =>
+            kv.createdKey(e)
+          )
+          : undefined) ?? acquires[0];
         if (acq && lose === undefined) {
           k = kv.tailSeq() - acq.seq + 1 + rRestart.int(2);
         }
       }
+      // The tenures leaf clients vouch for now: the restart may take their
+      // entries, and nothing tells them.
+      const vouched = mgrs.filter((m) => m.node.leaf && !m.node.dead).flatMap(
+        (m) =>
+          keys.flatMap((key) => {
+            const h = leases.get(`${m.label}|${key}`);
+            return h && m.node.local() < h.lease.deadline
+              ? [{ m, key, ...h }]
+              : [];
+          }),
+      );
       const lost = kv.loseTail(Math.min(k, MAX_LOST));
       const back = t + plan.restartGap;
+      const leafBack = back + plan.leafGap;
+      const leaves = mgrs.some((m) => m.node.leaf && !m.node.dead);
       disturbances.push({
         scope: "all",
         who: "server",
         t0: t,
-        t1: back + 2 * plan.maxDelay + plan.timeout,
+        t1: (leaves ? Math.max(back, leafBack) : back) + 2 * plan.maxDelay +
+          plan.timeout,
         why: `server restart (lost ${lost.length})`,
       });
+      const answers = new Map<string, number>();
       for (const m of mgrs) {
-        m.node.drop(back + rRestart.between(0, 2 * plan.maxDelay), "other");
+        const jitter = rRestart.between(0, 2 * plan.maxDelay);
+        // A leaf client's connection is to the leaf node, which stays up.
+        if (m.node.leaf) {
+          m.node.hubRestart(leafBack + jitter);
+          answers.set(m.label, leafBack + jitter);
+        } else m.node.drop(back + jitter, "other");
+      }
+      restarts.push({ t, back, leafBack: leafBack + 2 * plan.maxDelay });
+      for (const v of vouched) {
+        // Cut: the key's last message is no put of the tenure now, or a put
+        // of it acknowledged to its client is lost (its next renewal then
+        // expects a revision the server no longer has).
+        const ours = (e: Stored) =>
+          e.stamp >= v.acquiredAt && tenureWrite(e, v.m.label, v.lease.epoch);
+        const last = kv.last(kv.subject(v.key));
+        if (
+          last && ours(last) &&
+          !lost.some((e) =>
+            e.key === v.key && ours(e) &&
+            acked.has(`${v.m.label}|${v.key}|${e.seq}`)
+          )
+        ) continue;
+        leafCuts.push({
+          mgr: v.m.label,
+          key: v.key,
+          epoch: v.lease.epoch,
+          tenure: v.lease.tenure,
+          acquiredAt: v.acquiredAt,
+          loss: t,
+          leafBack: answers.get(v.m.label)!,
+        });
+        trace.add(
+          t,
+          v.key,
+          "sim",
+          () =>
+            `leaf client ${v.m.label}'s tenure (epoch ${v.lease.epoch}) lost its entry or its last acknowledged put; it is told nothing`,
+        );
       }
     }
   }
@@ -1308,6 +1578,12 @@ export async function runHistory(
     tenures,
     losses: kv.losses,
     defunct,
+    lost: kv.lost,
+    restarts,
+    leafCuts,
+    carried,
+    proofs,
+    ends,
   };
   const checked = check(history);
   violations.push(...checked.violations);
@@ -1321,6 +1597,11 @@ export async function runHistory(
     commits: writes.filter((w) => w.committed).length,
     fencedOverlaps: checked.fencedOverlaps,
     orphans: checked.orphans,
+    leafResidue: { ...checked.leafResidue, carried: carried.length },
+    leafNotice: checked.leafNotice,
+    leafOverlaps: checked.leafOverlaps,
+    leafCuts: leafCuts.length,
+    proofs: proofs.length,
     takeovers: episodes.map((ep) => ({
       crash: ep.t,
       gone: ep.gone,
