@@ -34,6 +34,28 @@ import process from "node:process";
  * ```
  */
 export function makeCgroup(name: string): string {
+  const dir = path.join(ownCgroup(), name);
+  try {
+    fs.mkdirSync(dir);
+  } catch (err) {
+    throw new Error(`cannot make the cgroup ${dir}: ${(err as Error).message}`);
+  }
+  return dir;
+}
+
+/**
+ * The directory of this process's own cgroup on the machine's cgroup v2
+ * hierarchy, where {@linkcode makeCgroup} makes its cgroups.
+ *
+ * @returns The directory.
+ * @throws {Error} Saying why, when the machine has no cgroup v2 hierarchy.
+ *
+ * @example
+ * ```ts ignore
+ * console.log(ownCgroup()); // e.g. /sys/fs/cgroup/unified
+ * ```
+ */
+export function ownCgroup(): string {
   let mount: string | undefined;
   let own: string | undefined;
   try {
@@ -53,13 +75,7 @@ export function makeCgroup(name: string): string {
   if (mount === undefined || own === undefined) {
     throw new Error("this machine has no cgroup v2 hierarchy");
   }
-  const dir = path.join(mount, own, name);
-  try {
-    fs.mkdirSync(dir);
-  } catch (err) {
-    throw new Error(`cannot make the cgroup ${dir}: ${(err as Error).message}`);
-  }
-  return dir;
+  return path.join(mount, own);
 }
 
 /**

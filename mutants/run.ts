@@ -40,6 +40,7 @@ import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { type Mutant, MUTANTS } from "./table.ts";
+import { ownCgroup } from "../cli_cgroup.ts";
 import { INDEPENDENT } from "./independent.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -204,6 +205,46 @@ function killGroup(pid: number): void {
     process.kill(-pid, "SIGKILL");
   } catch {
     // gone
+  }
+  sweepCgroups();
+}
+
+/** The `lease-*` cgroups there were before any test ran: not ours to touch. */
+const cgroupsBefore = new Set(leaseCgroups());
+
+function leaseCgroups(): string[] {
+  try {
+    const base = ownCgroup();
+    return fs.readdirSync(base).filter((n) => n.startsWith("lease-")).map((
+      n,
+    ) => path.join(base, n));
+  } catch {
+    return [];
+  }
+}
+
+/**
+ * Removes the cgroups that `lease run --contain` made during the runs and
+ * left behind: a mutant that breaks its clean-up, or the group kill above
+ * taking `lease` and its watchdog before they removed theirs. Whatever is
+ * still in one is killed first (`cgroup.kill`).
+ */
+function sweepCgroups(): void {
+  for (const dir of leaseCgroups()) {
+    if (cgroupsBefore.has(dir)) continue;
+    try {
+      fs.writeFileSync(path.join(dir, "cgroup.kill"), "1");
+    } catch {
+      // An old kernel without cgroup.kill, or gone already.
+    }
+    for (let i = 0; i < 50; i++) {
+      try {
+        fs.rmdirSync(dir);
+        break;
+      } catch {
+        execFileSync("sleep", ["0.02"]);
+      }
+    }
   }
 }
 
