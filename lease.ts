@@ -240,7 +240,9 @@
  *    entry, or with a revision below its own, stops the manager for good
  *    (a renewal's CAS that finds our own revision reused by the successor
  *    succeeds, and only `tenure` tells the two apart), and its
- *    lease-checked writes until then are outside the guarantee; and the
+ *    lease-checked writes until then are outside the guarantee, as are a
+ *    write running across the restart and a commit check (`throwIfLost()`)
+ *    made before it notices, whatever `check` says; and the
  *    successor's epoch may equal the lost
  *    holder's, so a store that refuses only older epochs accepts both
  *    tenures' writes (before and after the restart) under one epoch.
@@ -1662,6 +1664,15 @@ interface Seen {
   acquire: boolean;
 }
 
+/**
+ * Who wrote an entry, as far as it says: its node, and our tag's instance
+ * and counter when it carries one (unique per write of a manager). Two
+ * entries at one revision with different ids are different writes.
+ */
+function entryId(seen: Seen): string {
+  return `${seen.node}\u0000${seen.instance ?? ""}\u0000${seen.counter}`;
+}
+
 function toSeen(e: RawEntry): Seen {
   const tag = TAG_RE.exec(e.msgId ?? "");
   const tagged = tag ? Number(tag[2]) : 0;
@@ -1794,8 +1805,14 @@ class KeyState {
   probed = false;
   /** The last foreign holder seen. */
   foreign: string | undefined;
-  /** A foreign entry's revision and when we first saw it (for stale-entry takeover). */
-  observed: { seq: number; at: number } | undefined;
+  /**
+   * A foreign entry's revision, who wrote it (node and tag, `entryId`) and
+   * when we first saw it (for stale-entry takeover). The writer is kept
+   * beside the revision because a server that lost an acknowledged tail
+   * numbers new writes with the lost revisions again: a live holder's
+   * fresh entry may carry the revision we saw a TTL ago on another one.
+   */
+  observed: { seq: number; id: string; at: number } | undefined;
   /** Our acquiring CASes whose fate we do not know yet. */
   pending: Pending[] = [];
   /** One server operation per key at a time; guards arriving meanwhile share the next. */
@@ -2870,7 +2887,7 @@ class Manager extends EventTarget implements LeaseManager {
       st !== undefined && seen?.kind === "put" &&
       seen.seq > (st.observed?.seq ?? 0)
     ) {
-      st.observed = { seq: seen.seq, at: kw.seenAt };
+      st.observed = { seq: seen.seq, id: entryId(seen), at: kw.seenAt };
     }
     const renewal = seen?.kind === "put" &&
       (prev === undefined
@@ -3399,8 +3416,11 @@ class Manager extends EventTarget implements LeaseManager {
         // stopped trusting its lease (its deadline is at most TTL after its
         // last CAS, which was before we first saw it). The server normally
         // expires it first; this covers replicas that are late to expire.
-        if (st.observed?.seq !== seen.seq) {
-          st.observed = { seq: seen.seq, at: now };
+        // The same entry, not merely the same revision (see `observed`).
+        if (
+          st.observed?.seq !== seen.seq || st.observed.id !== entryId(seen)
+        ) {
+          st.observed = { seq: seen.seq, id: entryId(seen), at: now };
           return;
         }
         if (now - st.observed.at < this.ttl) return;

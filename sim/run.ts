@@ -21,7 +21,13 @@
 
 import process from "node:process";
 import { loadLease } from "./load.ts";
-import { findMutant, type Mutant, MUTANTS, writeMutant } from "./mutants.ts";
+import {
+  expectedProperties,
+  findMutant,
+  type Mutant,
+  MUTANTS,
+  writeMutant,
+} from "./mutants.ts";
 import {
   type HistoryResult,
   type LeaseModule,
@@ -470,7 +476,14 @@ export async function hunt(
     // property on the same seed.
     const b = await runHistory(s, base, baseSettings);
     const known = new Set(b.violations.map((v) => v.property));
-    const own = r.violations.find((v) => !known.has(v.property));
+    // Only the property the mutant is expected to break counts (any, for a
+    // mutant no property is expected to catch: the hunt then only shows
+    // that none does).
+    const wanted = expectedProperties(m);
+    const own = r.violations.find((v) =>
+      !known.has(v.property) &&
+      (wanted.length === 0 || wanted.includes(v.property))
+    );
     if (own) {
       return {
         mutant: m,
