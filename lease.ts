@@ -5229,7 +5229,7 @@ async function proveServers(
   if (!casCheck && life <= 0) {
     return { refuse: undefined, markers: unproven(), pending: [] };
   }
-  const leader = info.cluster?.leader;
+  let leader = info.cluster?.leader;
   const quorum = Math.floor(replicas / 2) + 1;
   const budget = left();
   const { versions, failure } = await census(nc, unique, budget, {
@@ -5240,6 +5240,14 @@ async function proveServers(
   });
   const answered = unique.filter((p) => versions.has(p));
   const pending = unique.filter((p) => !versions.has(p));
+  if (
+    casCheck && !single && leader === undefined &&
+    answered.every((p) => casSafeVersion(versions.get(p)!))
+  ) {
+    // A stream electing a leader (its leader just killed): nothing to
+    // refuse yet, so wait for one to be named, and judge by it.
+    leader = await electedLeader(jsm, stream, left);
+  }
   let refuse: string | undefined;
   if (casCheck && !single) {
     const label = (p: string) => p === leader ? `${p} (leader)` : p;
@@ -5304,6 +5312,31 @@ async function readPeers(
     }
     await new Promise((r) => setTimeout(r, PEER_RETRY_MS));
   }
+}
+
+/**
+ * Reads stream info again until it names a leader or the budget is spent;
+ * the leader's name, if one was named.
+ */
+async function electedLeader(
+  jsm: JetStreamManager,
+  stream: string,
+  left: () => number,
+): Promise<string | undefined> {
+  while (left() >= 2 * PEER_RETRY_MS) {
+    await new Promise((r) => setTimeout(r, PEER_RETRY_MS));
+    try {
+      const info = await within(
+        jsm.streams.info(stream),
+        left(),
+        "stream info",
+      );
+      if (info.cluster?.leader) return info.cluster.leader;
+    } catch {
+      // Unanswered during the election: ask again.
+    }
+  }
+  return undefined;
 }
 
 /** Says that stream info names fewer peers than the stream's replicas. */

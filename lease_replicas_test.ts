@@ -482,3 +482,52 @@ test(
     }
   },
 );
+
+test(
+  ...needs(
+    "createLeaseManager right after the stream's leader was killed waits for the election and starts",
+    CURRENT,
+  ),
+  async () => {
+    await using cluster = await NatsCluster.start(3, { binary: CURRENT });
+    const first = await connect({ servers: cluster.servers[0]!.url });
+    try {
+      const m0 = await createLeaseManager({
+        nc: first,
+        node: "maker",
+        bucket: "elect",
+        ttl: 2_000,
+        replicas: 3,
+      });
+      await m0.close();
+    } finally {
+      await first.close();
+    }
+    const leader = (await cluster.streamLeader("KV_elect"))!;
+    const other = [0, 1, 2].find((i) => i !== leader)!;
+    const nc = await connect({ servers: cluster.servers[other]!.url });
+    try {
+      await cluster.kill(leader);
+      // At once: stream info may name no leader yet (or the old one); the
+      // census then waits for one to be named rather than refuse, and the
+      // dead server is left to be checked when it comes back.
+      const started = performance.now();
+      const m = await createLeaseManager({ nc, node: "a", bucket: "elect" });
+      const took = performance.now() - started;
+      try {
+        await m.guard("k", () => {}, {
+          wait: true,
+          signal: AbortSignal.timeout(30_000),
+        });
+        assert.equal(m.health().defunct, undefined);
+        console.log(
+          `stream leader killed: set-up took ${Math.round(took)} ms`,
+        );
+      } finally {
+        await m.close();
+      }
+    } finally {
+      await nc.close();
+    }
+  },
+);
