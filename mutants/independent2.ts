@@ -41,6 +41,26 @@
  *   history-1 stream never delivered, or an overwrite), which is the only
  *   case where the epoch matters. A real gap.
  *
+ * After two tests were written for the real gaps (J21, J24), with every
+ * mutant and its named test left as it was (2026-12-07, `node
+ * mutants/run.ts --set independent2`, every baseline passing, under 2 min
+ * in all): 21 of 24 killed (87.5 %); survivors J1, J13, J17.
+ *
+ * - J21: otel_test.ts's renewal test now bounds the average renewal to
+ *   50 ms in seconds (sum < 0.05 × count). Killed: with the mutant, two
+ *   renewals averaged 0.99 "s" (milliseconds under the unit "s").
+ * - J24: cli_ls_test.ts's "lease watch --prefix prints a holder change to
+ *   a new epoch of the same node, with no release between; so does lease
+ *   watch KEY" (matched by J24's name pattern): a second manager of node
+ *   n with `restartGrace: false` adopts the first's entry at once, and
+ *   both watches must print the new epoch. Killed: the --prefix watch
+ *   never printed it.
+ * - J1 stays alive under its named test, as judged above: that test does
+ *   not reach lease's own SIGKILL, while "an eviction while the watchdog
+ *   is stopped" in the same file does.
+ * - J13 and J17 stay alive, as judged above: near-equivalent (J13) and
+ *   equivalent (J17) on the paths the tests drive.
+ *
  * @module
  */
 
