@@ -479,4 +479,50 @@ describe("lease ls and lease watch --prefix", () => {
       await Promise.all(all.map((k) => a.release(k)));
     }
   });
+
+  test("lease watch --prefix prints a holder change to a new epoch of the same node, with no release between; so does lease watch KEY", async () => {
+    // Two managers with one node id: the second (restartGrace: false)
+    // adopts the first's entry at once ("own"), writing a new epoch over
+    // it. The key goes n#E1 to n#E2 with nothing in between, the one case
+    // where a watch that told holders apart by node alone would print
+    // nothing.
+    const key = "same.k";
+    const n1 = await createLeaseManager({ nc, node: "n", bucket, ttl: TTL });
+    const n2 = await createLeaseManager({
+      nc,
+      node: "n",
+      bucket,
+      ttl: TTL,
+      restartGrace: false,
+    });
+    try {
+      const e1 = await guardUntil(n1, key, (l) => l.epoch, 3 * TTL);
+      const watches = [
+        lease(["watch", "--prefix", "same", ...base()]),
+        lease(["watch", key, ...base()]),
+      ];
+      const first = `${key}: n epoch ${e1}`;
+      await until(
+        () => watches.every((w) => w.out().includes(first)),
+        10_000,
+        "both watches to show n's first epoch",
+      );
+      const e2 = await guardUntil(n2, key, (l) => l.epoch, 3 * TTL);
+      assert.notEqual(e2, e1);
+      const second = `${key}: n epoch ${e2}`;
+      await until(
+        () => watches.every((w) => w.out().includes(second)),
+        5_000,
+        "both watches to show n's new epoch",
+      );
+      for (const w of watches) {
+        process.kill(w.child.pid!, "SIGINT");
+        assert.equal(await w.exited, 0, w.err());
+        assert.deepEqual(w.out().trim().split("\n"), [first, second]);
+      }
+    } finally {
+      await n1.close();
+      await n2.close();
+    }
+  });
 });

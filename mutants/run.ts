@@ -1,8 +1,9 @@
 /**
  * The mutant table's runner: puts each hand-made bug of `table.ts` (or of
- * `independent.ts`, the set made without sight of the table) into a copy of
- * the work tree, runs the test that must catch it, and prints the score. A
- * mutant is killed when its test fails; it survived when the test passes.
+ * `independent.ts` or `independent2.ts`, sets made without sight of the
+ * table) into a copy of the work tree, runs the test that must catch it,
+ * and prints the score. A mutant is killed when its test fails; it survived
+ * when the test passes.
  * Before any mutant, every test named by the set must pass on the unmutated
  * copy: a test that already fails would kill every mutant and prove
  * nothing.
@@ -14,11 +15,12 @@
  * under a mutant may leave a command or a server behind.
  *
  * Usage (Node 24):
- *   node mutants/run.ts [--set table|independent|all] [--only ID,ID...]
- *     [--part K/N] [--min PERCENT]
+ *   node mutants/run.ts [--set table|independent|independent2|all]
+ *     [--only ID,ID...] [--part K/N] [--min PERCENT]
  *
- *   --set     which mutants: `table.ts`'s (default), `independent.ts`'s, or
- *             both
+ *   --set     which mutants: `table.ts`'s (default), `independent.ts`'s,
+ *             `independent2.ts`'s (a second set made without sight of the
+ *             others), or all three
  *   --only    run these mutants only
  *   --part    run the K-th of N slices of the table (1-based), for a CI that
  *             rotates through it
@@ -42,6 +44,7 @@ import { fileURLToPath } from "node:url";
 import { type Mutant, MUTANTS } from "./table.ts";
 import { ownCgroup } from "../cli_cgroup.ts";
 import { INDEPENDENT } from "./independent.ts";
+import { INDEPENDENT2 } from "./independent2.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 /** How long one test run may take before it counts as a failure (killed). */
@@ -51,7 +54,8 @@ const RUN_TIMEOUT_MS = 240_000;
 const SETS: Record<string, readonly Mutant[]> = {
   table: MUTANTS,
   independent: INDEPENDENT,
-  all: [...MUTANTS, ...INDEPENDENT],
+  independent2: INDEPENDENT2,
+  all: [...MUTANTS, ...INDEPENDENT, ...INDEPENDENT2],
 };
 
 interface Args {
@@ -75,7 +79,7 @@ function parseArgs(argv: string[]): Args {
       const set = Object.hasOwn(SETS, value) ? SETS[value] : undefined;
       if (set === undefined) {
         throw new RangeError(
-          `Cannot run mutants as --set must be table, independent or all: received '${value}'`,
+          `Cannot run mutants as --set must be table, independent, independent2 or all: received '${value}'`,
         );
       }
       args.set = set;
