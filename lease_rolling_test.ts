@@ -1,3 +1,4 @@
+// test.sh: node only: what it tests is the cluster's rolling restart under many leases; the manager's runtimes meet R3 buckets, killed leaders and set-up with a peer down in lease_cluster_test.ts and lease_replicas_test.ts
 // A rolling restart of a three-server cluster under three lease managers
 // holding 100 keys of an R3 bucket and writing to a store fenced by epoch:
 // each server is killed and started again in turn, and while it is down one
