@@ -5149,6 +5149,12 @@ function heldHere(nc: NatsConnection, peers: readonly string[]): boolean {
  */
 const QUORUM_SETTLE_MS = 300;
 
+/** A replica the leader has not heard from for this long counts as down. */
+const DOWN_AFTER_MS = 1_500;
+
+/** How long the others get after a quorum when no peer looks down. */
+const LATE_ANSWER_MS = 2_000;
+
 /**
  * What start-up proved of the servers holding the bucket's stream: why it
  * must be refused (compare-and-set is not proven safe on it), the marker
@@ -5232,11 +5238,19 @@ async function proveServers(
   let leader = info.cluster?.leader;
   const quorum = Math.floor(replicas / 2) + 1;
   const budget = left();
+  // Stream info's `active` (nanoseconds since the leader last heard from a
+  // replica) tells a peer that is down from one slow to answer: only when
+  // some peer has been silent that long is the quorum given just
+  // QUORUM_SETTLE_MS more; otherwise every peer looks up, and the others get
+  // up to LATE_ANSWER_MS, so a loaded machine still proves them all here.
+  const silent = (info.cluster?.replicas ?? []).some((r) =>
+    (r.active ?? 0) / 1e6 > DOWN_AFTER_MS
+  );
   const { versions, failure } = await census(nc, unique, budget, {
     met: (seen) =>
       (leader === undefined || seen.has(leader)) &&
       unique.filter((p) => seen.has(p)).length >= quorum,
-    settle: QUORUM_SETTLE_MS,
+    settle: silent ? QUORUM_SETTLE_MS : LATE_ANSWER_MS,
   });
   const answered = unique.filter((p) => versions.has(p));
   const pending = unique.filter((p) => !versions.has(p));
