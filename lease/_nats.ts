@@ -1,0 +1,91 @@
+// ---------------------------------------------------------------------------
+// The production port: nats.js, `performance.now()` and `setTimeout`.
+
+const decoder = new TextDecoder();
+
+/** The revision the server names in a "wrong last sequence: N" rejection. */
+function conflictRevision(err: unknown): number | undefined {
+  if (
+    !(err instanceof JetStreamApiError) ||
+    (err.code !== 10071 && err.code !== 10164)
+  ) return undefined;
+  const m = /wrong last sequence: (\d+)/.exec(err.message);
+  return m ? Number(m[1]) : -1;
+}
+
+function isStreamNotFound(err: unknown): boolean {
+  return err instanceof JetStreamApiError && err.code === 10059;
+}
+
+/**
+ * Each attempt of a set-up read gets this long (or the request timeout, if
+ * longer) before it is asked again, within {@linkcode SETUP_TIMEOUT}.
+ */
+const SETUP_ATTEMPT = 5_000;
+
+/** The first attempt of a set-up read (or the request timeout, if longer). */
+const SETUP_FIRST_ATTEMPT = 1_000;
+
+/** Whether `err` is a request that got no answer in time. */
+function isTimeout(err: unknown): boolean {
+  return err instanceof TimeoutError ||
+    (err instanceof Error && err.name === "TimeoutError");
+}
+
+/**
+ * Runs a set-up request again, with a growing pause, while a JetStream
+ * cluster answers that it is temporarily unavailable (10008: it has no meta
+ * leader) or gives no answer at all, until `deadline` (performance.now()
+ * time). A cluster drops a JetStream API request that reaches it while the
+ * meta group elects a leader, and answers none later (seen on 2.15.2 right
+ * after a restart, lease_lost_tail_test.ts, and for a bucket's creation in
+ * a landing CI run). Only for requests safe to repeat: reads, and a create
+ * that ends in the same state however often it is made. Any other answer
+ * or error is the request's own.
+ */
+async function whileLeaderless<T>(
+  request: (timeout: number) => Promise<T>,
+  deadline: number,
+  signal: AbortSignal | undefined,
+  attempts: { first: number; most: number },
+): Promise<T> {
+  // A request dropped during an election is asked again only once its
+  // attempt times out: the first attempts are short, so set-up follows a
+  // leader elected within a second or two, and they grow to `most` for a
+  // cluster that is merely slow to answer.
+  let timeout = Math.min(attempts.first, attempts.most);
+  for (let pause = 100;; pause = Math.min(2 * pause, 1000)) {
+    try {
+      return await request(timeout);
+    } catch (err) {
+      const leaderless = err instanceof JetStreamApiError &&
+        err.code === 10008;
+      const again = leaderless || isTimeout(err);
+      if (!again || performance.now() + pause >= deadline) throw err;
+      if (isTimeout(err)) timeout = Math.min(2 * timeout, attempts.most);
+    }
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const wait = new Promise<void>((r) => timer = setTimeout(r, pause));
+    try {
+      await (signal ? raceAbort(wait, signal) : wait);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
+/** A write waiting for its reply in a {@linkcode ReplyInbox}. */
+
+function isNoResponders(err: unknown): boolean {
+  for (let e = err, i = 0; e instanceof Error && i < 4; e = e.cause, i++) {
+    // nats.js reports "no responders" to a JetStream request as a
+    // JetStreamNotEnabled error (a misleading name) with the cause inside.
+    if (
+      e.name === "NoRespondersError" || e.name === "JetStreamNotEnabled" ||
+      /no responders/i.test(e.message)
+    ) {
+      return true;
+    }
+  }
+  return false;
+}

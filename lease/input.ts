@@ -1,0 +1,43 @@
+// ---------------------------------------------------------------------------
+// Input checks: every one runs before anything is sent to the server.
+
+const BUCKET_RE = /^[-\w]+$/;
+/** A JetStream domain: one subject token. */
+const DOMAIN_RE = /^[^\s.*>]+$/;
+
+function describe(value: unknown): string {
+  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "number" || typeof value === "boolean") {
+    return String(value);
+  }
+  return value === null ? "null" : typeof value;
+}
+
+function checkKey(verb: string, key: unknown): asserts key is string {
+  if (typeof key !== "string" || !KEY_RE.test(key)) {
+    throw new TypeError(
+      `Cannot ${verb} as 'key' must be ASCII letters, digits, '-', '_', '/' or '=' in non-empty '.'-separated tokens: received ${
+        describe(key)
+      }`,
+    );
+  }
+}
+
+function checkDuration(
+  name: string,
+  value: unknown,
+  min: number,
+  max: number,
+): number {
+  if (
+    typeof value !== "number" || !Number.isFinite(value) || value < min ||
+    value > max
+  ) {
+    throw new RangeError(
+      `Cannot create lease manager as '${name}' must be a finite number of milliseconds from ${min} to ${max}: received ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
+}

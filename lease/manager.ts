@@ -1,0 +1,2267 @@
+/**
+ * Single-writer leases over a NATS JetStream KV bucket.
+ *
+ * ## The model
+ * One KV entry per store key. Its value is the holder's node id (raw UTF-8,
+ * so a node running the Go design this ports can share the bucket), and the
+ * bucket's max age is the lease TTL: an entry nobody renews disappears.
+ *
+ * ## What is guaranteed
+ * A guarded write of one tenure (one holder's continuous hold of a key)
+ * overlaps a write of another tenure of the same key only if the earlier
+ * write ran past its lease's deadline by more than the grace (one TTL), and
+ * then the later write carries the greater epoch, so a store that rejects
+ * stale epochs refuses the late one. The simulator in `sim/` checks this
+ * (P1) and four more properties on every history it explores: epochs grow
+ * from tenure to tenure (P2); no write starts after its lease's
+ * `throwIfLost()` would throw (P3); a CAS that succeeded is never reported
+ * lost (P4); a crashed holder is replaced within TTL + late expiry + grace
+ * + a small bound (P5).
+ *
+ * ## Assumptions
+ * - Clocks: each process measures time with a monotonic clock whose rate
+ *   differs from real time by a small bound (the simulator uses 0.1%); the
+ *   grace absorbs that drift over one TTL. The clients' wall clocks do not
+ *   matter. The server's do: nats-server expires an entry by comparing its
+ *   wall clock with the entry's timestamp, so a forward step of a server's
+ *   clock (a one-off NTP correction) expires entries early, and a successor
+ *   may start inside a live holder's deadline. Slew server clocks; never
+ *   step them forward while leases are held.
+ * - Durability: the server keeps every write it acknowledged. By default
+ *   JetStream acknowledges a write before it reaches the disk and syncs
+ *   every two minutes, so an OS crash, a power failure or a store restored
+ *   from a copy can lose an acknowledged tail. The stream then numbers new
+ *   writes with the lost revisions again. What this breaks, as measured on
+ *   2.15.2 by a review that restored an older copy of the store under
+ *   running managers: a fresh process found the key empty and took it at once
+ *   while the holder, whose acquire was lost, went on writing for 2.5 s;
+ *   a holder's renewal expecting revision 3 was applied on top of the
+ *   successor's entry at revision 3, so both held under epoch 1; with
+ *   `markers: false` the grace kept them apart but epochs still repeated.
+ *   Run the server with `jetstream { sync_interval: always }` (every write
+ *   is synced before it is acknowledged) where leases fence anything that
+ *   matters. Without it, point 10 keeps holders apart when the lost tail
+ *   comes with a restart that drops their connections, with the residue it
+ *   lists; epochs may still repeat (10).
+ * - The server: the stream leader applies a compare-and-set atomically
+ *   (nats-server 2.9.21+ on replicated streams, checked where the client
+ *   can see the servers: at start-up the leader and a quorum of the peers,
+ *   and a peer that was down then once a second until it answers; one on
+ *   an older release stops the manager for good). Residue: such a peer
+ *   elected leader within a second of coming back, before its first
+ *   answer, is trusted meanwhile. It expires an entry no earlier than its
+ *   max age after stamping it (late by up to ~250 ms is fine).
+ * - Nothing edits the stream behind the KV API: a stream purge, a message
+ *   delete or a re-created bucket can erase the history this argument
+ *   reads (a re-created bucket is detected when seen, see 6). Deleting or
+ *   purging a key through the KV API is allowed and costs only time.
+ * - Markers: a stream edit that removes or lowers the marker TTL, and a
+ *   server rolled back to a release without markers, are seen at the next
+ *   decision on an empty key (3), which proves markers afresh; nothing
+ *   else depends on them. What that cannot see is listed in 3: an edit or
+ *   rollback together with a holder's expiry inside one compare-and-set's
+ *   flight, markers removed and restored again around a holder's expiry,
+ *   and a cluster peer rolled back under the same name. So raise or
+ *   restore a marker TTL only when no entry or tombstone of a lease key
+ *   can have expired under the lower setting within the last TTL.
+ *
+ * ## The safety argument, in one place
+ * 1. **Only a compare-and-set authorises a write.** Every guarded write is
+ *    preceded by a publish with `Nats-Expected-Last-Subject-Sequence` set to
+ *    the revision we last wrote. The stream leader applies it only if nobody
+ *    wrote the key since, so its success proves, at that moment, that we
+ *    still hold the lease. Reads may come from a stale replica and only
+ *    choose what to try next; an acquiring CAS expects exactly the
+ *    revision it read, so what it decided from that entry is what it
+ *    overwrites. With `check: "lease"` that CAS may be the last renewal
+ *    rather than one sent for this write: 9 says why that is enough.
+ * 2. **A monotonic deadline bounds what a success is worth.** A CAS sent at
+ *    local time `t` keeps the entry alive on the server until at least
+ *    `t + ttl` (the server stamps it on arrival, after `t`), so we vouch
+ *    for the lease until `t + ttl` (`Lease.deadline`) and no longer. The
+ *    lease's `signal` aborts there, driven by a timer and by every piece of
+ *    manager code that runs (a paused process may run the write first);
+ *    `throwIfLost()` reads the clock, so it is exact at the commit point.
+ * 3. **A takeover waits out what the previous holder may still do.** The
+ *    grace keeps a displaced holder that passed its commit-point check
+ *    just before its deadline a full TTL to finish. What the last entry
+ *    says decides how long the successor waits:
+ *    - no entry, or the server's `MaxAge` marker: the holder's deadline has
+ *      passed (expiry is never early), so one TTL;
+ *    - no entry, on a bucket whose markers (nats-server 2.11.2+) are
+ *      proven to live `life` when the grace is decided: the CAS expecting
+ *      no entry succeeds only if no entry or tombstone of the key expired
+ *      within that life, and expiry comes at or after the holder's
+ *      deadline, so one TTL less the life (none when it lasts a TTL).
+ *      Start-up's proof only turns this path on: a stream edit can remove
+ *      or shorten the marker TTL, and a server can be rolled back to a
+ *      release without markers, while managers run. So a stream-info
+ *      request leaves right behind the CAS (same flush, shared by the
+ *      acquisitions that send their CAS in the same turn), reads the
+ *      configuration and the servers again (the connected server's
+ *      version when it alone holds the stream, else every peer must be
+ *      one whose version start-up checked), and the grace is decided once
+ *      both are answered: a failed, late or shorter answer leaves the full
+ *      grace, or one TTL less the shorter life. An acquire recognised
+ *      after its reply was lost, with no drop of the connection since it
+ *      was sent, is owed the same: losing a reply changes nothing the
+ *      CAS's success proves, but the CAS may have been applied any time
+ *      before the read that found it, so a second proof is read then,
+ *      after it was applied, and the shorter life of the two decides (one
+ *      that crossed a drop is owed two TTLs, 10). What remains: the
+ *      server handles the two requests apart, so an edit (or rollback)
+ *      and the holder's expiry both between the proof's read and the
+ *      CAS's application (about one round trip) go unseen, unless a
+ *      second proof reads the edit; markers removed or lowered, then
+ *      restored or raised before the (last) proof is read, with the
+ *      holder's expiry in between and less than the raised life before
+ *      the CAS (it left no marker, or a shorter one, and the
+ *      configuration proves the longer life); and a cluster peer restarted
+ *      on an older release under a name start-up checked, unless the
+ *      stream info read then no longer shows a marker TTL. Assumes
+ *      nothing removed a live holder's entry without a marker
+ *      (`kv.purge`, a stream purge or message delete);
+ *    - a holder's entry that stood still for one TTL of our own time (a
+ *      replica late to expire), counted from when this manager first saw
+ *      that revision, by a read or through its watch (either comes after
+ *      the holder sent it): its deadline has passed too, so one TTL;
+ *    - a delete tagged by a lease manager's clean release: none. A release
+ *      is clean only after the holder's writes settled, its own grace was
+ *      over (a release inside it would hand on a skip it was not owed) and
+ *      its lease was still confirmed;
+ *    - any other delete or purge (an operator's `kv.delete`): the holder
+ *      may be alive and up to one TTL from its deadline, so two TTLs.
+ * 4. **The epoch fences what the grace cannot.** The epoch is the revision
+ *    at which a holder's tenure began; every later holder's tenure begins
+ *    at a higher revision, so a store that rejects epochs older than the
+ *    newest it has seen refuses a paused holder that wakes up late.
+ * 5. **Ambiguous answers are resolved, not guessed.** A CAS whose reply
+ *    timed out may have been applied. We keep our claim and retry the CAS
+ *    with the old revision; a "wrong last sequence: N" answer names the
+ *    entry that won, and we read that revision from the stream leader (a
+ *    lagging replica may not have it yet; not found there means "gone
+ *    since", so we ask again rather than conclude). Our writes are tagged
+ *    in `Nats-Msg-Id` with a per-process instance id, the epoch (0 for an
+ *    acquire) and a counter, so our own renewal or acquire is recognised,
+ *    and a restarted process with the same node id is not mistaken for us.
+ * 6. **A tenure never outlives its deadline.** A renewal sent after the
+ *    deadline passed may still succeed (a replica late to expire, or a
+ *    re-created bucket that reached our revision again), but we cannot know
+ *    what happened while we did not vouch: it starts a new tenure, with a
+ *    new epoch and the two-TTL grace of an unexplained gap.
+ * 7. **A bucket that disappears stops the manager for good.** It is seen
+ *    when a request finds no stream; when revisions go backwards (within
+ *    one stream they only grow); and, after any unanswered request or,
+ *    once the manager has written, any silence of more than a TTL between
+ *    two answers (a paused process sends nothing and times nothing out),
+ *    by comparing the stream's creation time before the next success is
+ *    trusted. The manager then stops vouching for every lease and never
+ *    re-creates the bucket. Not seen: a bucket deleted and re-created
+ *    between two answers less than a TTL apart, whose new stream reached
+ *    the holder's revision on the key. Deleting the bucket under live
+ *    holders is outside the guarantee (see Assumptions): the successor
+ *    finds no trace of them.
+ * 8. **Waiting authorises nothing.** A guard with `wait: true`, a campaign
+ *    and a watch follow a key through one shared watch (an ordered consumer
+ *    on the key's subject), a hint that may lag like any read. What it
+ *    reports decides when a waiter runs the acquire path of 1-3 again (a
+ *    release, a delete, an expiry marker, another node's entry; one TTL
+ *    after the holder's last renewal was seen, when its entry has stood
+ *    still that long; and, where no marker will come, reads every 25 ms
+ *    for at most 600 ms after that, as servers before 2.11 send nothing
+ *    when an entry expires); a renewal by the same holder only moves that
+ *    timer. A waiter that found the server unavailable backs off (50 ms,
+ *    doubling to TTL/3), but such news, or the connection coming back,
+ *    wakes it sooner. The one thing it feeds into a decision is when a
+ *    holder's revision was first seen, which the stood-still rule of 3
+ *    counts from:
+ *    the watch delivers an entry only after its holder sent it, so that
+ *    time is never early. A campaign's lease is a
+ *    guard's lease, and a release ends the tenure (its signal aborts)
+ *    before its delete is sent, so a waiter can see the key free only
+ *    after the previous leader was told to stop.
+ * 9. **A lease-checked guard writes on the last renewal's strength.** With
+ *    `check: "lease"`, a guard on a key this manager holds, past its grace,
+ *    runs the write at once if its clock reads at least
+ *    `m = 2ρ·TTL` before the deadline (ρ = `CLOCK_RATE_BOUND`, each
+ *    clock's rate within 1 ± ρ of real time). Let the last confirmed CAS
+ *    be sent at real time s. The write starts by real time
+ *    s + (TTL - m)/(1 - ρ), which is before s + TTL/(1 + ρ) because
+ *    m/TTL ≥ 1 - (1 - ρ)/(1 + ρ) = 2ρ/(1 + ρ). And no other tenure can
+ *    begin before s + TTL/(1 + ρ): a successor's CAS succeeds only after
+ *    our entry expired (stamped after s, kept a TTL of the server's
+ *    clock), or after the successor saw it stand still for a TTL of its
+ *    own clock (first seen after s), or after an out-of-band change. So,
+ *    out-of-band changes aside, the entry of our tenure is still the key's
+ *    last on the stream leader when the write starts, as a CAS would have
+ *    proven, and the write starts before the deadline, so 3 and 4 hold as
+ *    for any guarded write. What is given up: an operator's delete or a
+ *    foreign overwrite is noticed at the next renewal (at most TTL/3
+ *    later), not at the next write (a delete still owes a successor two
+ *    TTLs, 3), and writes go on through an outage that keeps the
+ *    connection (a paused server, a stalled network) until the margin; a
+ *    dropped connection stops them at once (10). Too
+ *    small a margin, or clocks faster than assumed, lets a write start
+ *    after a successor's CAS: the simulator shows both (sim/README.md).
+ * 10. **A lost connection suspends every lease until it is proven again.**
+ *    A server can lose writes it acknowledged only across a restart
+ *    (durability above), and a restart drops every connection to it. From
+ *    the moment the client sees its connection drop, no lease of the
+ *    manager is vouched for: `throwIfLost()` throws, lease-checked guards
+ *    take the CAS path, and nothing is sent on any key until the
+ *    connection is back (nats.js would hold it and send it to whatever
+ *    server answers next). Back on the same server process (the same
+ *    `server_id`), which lost nothing, the leases count again at once. On
+ *    another process (a restart, or another server of the cluster), each
+ *    held key's last entry is read from the stream leader before anything
+ *    else is sent on it: our own entry at the revision we last confirmed
+ *    proves it kept; anything else at or below that revision, or no entry
+ *    at all in a read sent before our deadline (our entry cannot have
+ *    expired yet), proves the server lost writes it acknowledged, so
+ *    revisions and epochs repeat and the manager stops for good (as for a
+ *    re-created bucket, 7). A
+ *    reply to a write sent before the drop and received after it is not
+ *    trusted: it may have been applied by the new process over a revision
+ *    it reused. Nor is our entry above the revision we last confirmed when
+ *    a write of ours was in flight at the drop, or had gone unanswered
+ *    since the last one answered (a client may still hold it and send it to
+ *    the new process): the tenure ends (`"unproven"`). A release after an
+ *    unanswered write leaves the key to expire rather than delete what may
+ *    by then be another holder's entry. So a successor that takes a key the lost tail emptied,
+ *    even at once, never writes beside this holder's writes from the
+ *    drop on. Residue: a server whose machine vanishes without closing
+ *    connections is noticed at the holder's next send (a CAS guard at
+ *    once, a renewal within TTL/3), and lease-checked writes until then
+ *    are outside the guarantee; a holder connected to a cluster server
+ *    that kept running while the servers holding the stream lost a tail
+ *    is not suspended, nor is one whose server is a leaf node of the one
+ *    with the bucket (it sees no drop when that one restarts): each
+ *    notices at its next renewal (within TTL/3), where a key with no
+ *    entry, or with a revision below its own, stops the manager for good
+ *    (a renewal's CAS that finds our own revision reused by the successor
+ *    succeeds, and only `tenure` tells the two apart), and its
+ *    lease-checked writes until then are outside the guarantee, as are a
+ *    write running across the restart and a commit check (`throwIfLost()`)
+ *    made before it notices, whatever `check` says; and the
+ *    successor's epoch may equal the lost
+ *    holder's, so a store that refuses only older epochs accepts both
+ *    tenures' writes (before and after the restart) under one epoch.
+ *    A process paused across the restart may also run a write's commit
+ *    check before its event loop sees the drop, and pass it on a deadline
+ *    whose renewal the server lost, while a successor that found the key
+ *    emptied writes (the simulator's finding 8).
+ *    `Lease.tenure` names each tenure uniquely: a store that refuses the
+ *    newest epoch it accepted when another tenure sends it (as well as
+ *    older epochs) never accepts two tenures under one epoch, at the cost
+ *    of refusing that successor until it takes the key anew.
+ *
+ * @module
+ */
+
+/**
+ * What the protocol core needs besides its {@linkcode Port}: the resolved
+ * options. `createLeaseManager` makes these; the simulator makes its own.
+ */
+export interface ManagerSettings {
+  /** This process's node id. */
+  node: string;
+  /** Lease TTL in ms (the bucket's max age). */
+  ttl: number;
+  /** Request timeout in ms. */
+  timeout: number;
+  /** The bucket name; subjects are `$KV.<bucket>.<key>`. */
+  bucket: string;
+  /** See {@linkcode LeaseManagerOptions.restartGrace}. */
+  restartGrace: boolean;
+  /** See {@linkcode LeaseManagerOptions.settleTimeout}. */
+  settleTimeout: number;
+  /** See {@linkcode LeaseManagerOptions.idleRelease}. */
+  idleRelease: number | undefined;
+  /**
+   * How long, in ms, start-up proved the stream leader keeps a marker after
+   * an entry of the key expires or a tombstone of it expires. 0: not proven
+   * (no markers, or servers that could not be checked). It turns on the
+   * fast path for empty keys (a compare-and-set expecting no entry, sent
+   * without reading first) and paces the watches; the grace itself is
+   * shortened only by what {@linkcode Port.markerLife} proves alongside
+   * each such compare-and-set, never by this.
+   */
+  markerLife: number;
+  /** See {@linkcode LeaseManagerOptions.check}; `"cas"` when omitted. */
+  check?: GuardCheck;
+  /** Aborting it closes the manager. */
+  signal: AbortSignal | undefined;
+}
+
+/**
+ * Runs the protocol over `port`. Internal: the simulator's entry point;
+ * users call {@linkcode createLeaseManager}.
+ *
+ * @param port The clock, timers and server operations.
+ * @param settings The resolved options.
+ * @returns The manager.
+ */
+export function managerOnPort(
+  port: Port,
+  settings: ManagerSettings,
+): LeaseManager {
+  return new Manager(port, settings);
+}
+
+/** A lease handed to one guarded write; reads its tenure's live deadline. */
+class HeldLease implements Lease {
+  readonly key: string;
+  readonly node: string;
+  readonly epoch: number;
+  readonly tenure: string;
+  readonly signal: AbortSignal;
+  readonly #tenure: Tenure;
+  readonly #port: Port;
+
+  constructor(
+    key: string,
+    node: string,
+    tenure: Tenure,
+    signal: AbortSignal,
+    port: Port,
+  ) {
+    this.key = key;
+    this.node = node;
+    this.epoch = tenure.epoch;
+    this.tenure = tenure.id;
+    this.signal = signal;
+    this.#tenure = tenure;
+    this.#port = port;
+  }
+
+  get deadline(): number {
+    return this.#tenure.validUntil;
+  }
+
+  /** The same lease, whose signal also aborts when `signal` does. */
+  following(signal: AbortSignal | undefined): HeldLease {
+    if (!signal) return this;
+    return new HeldLease(
+      this.key,
+      this.node,
+      this.#tenure,
+      AbortSignal.any([this.signal, signal]),
+      this.#port,
+    );
+  }
+
+  throwIfLost(): void {
+    if (this.signal.aborted) throw this.signal.reason;
+    if (this.#tenure.suspended) throw suspendedError(this.key);
+    const now = this.#port.now();
+    if (now >= this.#tenure.validUntil) {
+      const err = expiredError(this.key);
+      // The timer may not have run yet (a paused process): end it now.
+      this.#tenure.end(err, now);
+      throw err;
+    }
+  }
+}
+
+function suspendedError(key: string): UnavailableError {
+  return new UnavailableError(
+    key,
+    `Lease on '${key}' is not vouched for: the connection to the server was lost, and the lease counts again only once the server it comes back to confirms it`,
+  );
+}
+
+function expiredError(key: string): UnavailableError {
+  return new UnavailableError(
+    key,
+    `Lease on '${key}' could not be renewed within its TTL`,
+  );
+}
+
+// ---------------------------------------------------------------------------
+
+class Manager extends EventTarget implements LeaseManager {
+  readonly node: string;
+  readonly ttl: number;
+  readonly bucket: string;
+  readonly #port: Port;
+  readonly #nodeBytes: Uint8Array;
+  readonly #timeout: number;
+  readonly #restartGrace: boolean;
+  readonly #markerLife: number;
+  readonly #settleTimeout: number;
+  readonly #idleRelease: number | undefined;
+  readonly #check: GuardCheck;
+  /** See {@linkcode leaseCheckMargin}. */
+  readonly #margin: number;
+  /** Tags our writes so a restarted process with our node id is told apart. */
+  readonly #instance: string;
+  #counter = 0;
+  /** Tenures this manager has begun: {@linkcode Lease.tenure}'s count. */
+  #tenures = 0;
+  /**
+   * The highest revision any of our writes was applied at. Revisions only
+   * grow within one stream, so a write applied at or below the value this
+   * had when the write was sent proves the bucket was deleted and
+   * re-created (epochs restarted).
+   */
+  #maxRev = 0;
+  /** Set when the bucket is gone or was replaced: we vouch for nothing again. */
+  #defunct: string | undefined;
+  readonly #keys = new Map<string, KeyState>();
+  /** Renewal slots: planned time → keys, served by one timer. */
+  readonly #slots = new Map<number, KeyState[]>();
+  readonly #quantum: number;
+  #tickTimer: unknown;
+  #tickAt = Infinity;
+  /** Set by close(): no new guards. */
+  #closing: Promise<CloseResult> | undefined;
+  /** Set once close() has released everything: no renewals. */
+  #stopped = false;
+  readonly #signal: AbortSignal | undefined;
+  readonly #onAbort = () => void this.close();
+  /** One watch per key, while anyone waits for or watches the key. */
+  readonly #watches = new Map<string, KeyWatch>();
+  /** Aborted by close(): ends every wait, campaign and watch iterator. */
+  readonly #closeCtl = new AbortController();
+  /** Keys a campaign leads: `idleRelease` leaves them alone. */
+  readonly #leading = new Map<string, number>();
+  /** The marker proof the acquisitions sent in this turn share (#markerProof). */
+  #proof: Promise<number> | undefined;
+  /** The connection is up, as far as {@linkcode Port.onLink} told us. */
+  #linkUp = true;
+  /** How often the connection was lost: a reply that crossed a loss is not trusted. */
+  #downs = 0;
+  /** How often it came back, and the waiting guards to wake when it does. */
+  #ups = 0;
+  readonly #upWaiters = new Set<() => void>();
+  /** Each listener's guard against its own exceptions. */
+  readonly #guarded = new WeakMap<
+    EventListenerOrEventListenerObject,
+    EventListener
+  >();
+  /** Someone listened for `renewed`: only then is one made per renewal. */
+  #renewedHeard = false;
+  /** A report that tells the manager's listeners of `st`'s tenure's end. */
+  #reporter(st: KeyState): TenureReport {
+    return (t, reason, why) => {
+      if (why === "released") return;
+      const err = reason instanceof Error
+        ? reason
+        : new UnavailableError(st.key, String(reason));
+      this.#emit(
+        new LeaseLostEvent(
+          st.key,
+          t.epoch,
+          t.id,
+          why,
+          why === "overwritten" ? st.foreign : undefined,
+          err,
+        ),
+      );
+    };
+  }
+  /** How often it came back on another server process. */
+  #moves = 0;
+
+  constructor(port: Port, o: ManagerSettings) {
+    super();
+    this.#port = port;
+    this.node = o.node;
+    this.ttl = o.ttl;
+    this.#quantum = Math.min(o.ttl / 30, 50);
+    this.bucket = o.bucket;
+    this.#nodeBytes = encoder.encode(o.node);
+    this.#timeout = o.timeout;
+    this.#restartGrace = o.restartGrace;
+    this.#markerLife = Math.max(0, Math.min(o.markerLife, o.ttl));
+    this.#settleTimeout = o.settleTimeout;
+    this.#idleRelease = o.idleRelease;
+    this.#check = o.check ?? "cas";
+    this.#margin = leaseCheckMargin(o.ttl);
+    this.#instance = port.newInstanceId();
+    this.#signal = o.signal;
+    this.#signal?.addEventListener("abort", this.#onAbort, { once: true });
+    // A connection closed for good can neither renew nor release: stop the
+    // timers (so the process can exit) and stop vouching for any lease.
+    void port.closed().then(() => this.#connectionClosed());
+    port.onLink?.((change) => this.#onLink(change));
+    // A server whose compare-and-set cannot be trusted makes every epoch
+    // doubtful (two holders may both succeed on one revision): stop.
+    port.onDistrust?.((why) => this.#goDefunct(why));
+  }
+
+  /**
+   * Point 10: a lost connection may be a server restart that lost the
+   * tail of what it acknowledged, our latest renewals included, and
+   * another process may then take the key at once, even at one of our
+   * revisions. So every lease stops being vouched for when the connection
+   * drops, and counts again when it comes back to the same server process
+   * (which lost nothing), or once the key's last entry on the server it
+   * comes back to is proven ours (#verify, before anything else is sent on
+   * the key).
+   */
+  #onLink(change: LinkChange): void {
+    if (change === "down") {
+      this.#linkUp = false;
+      this.#downs++;
+      for (const st of this.#keys.values()) {
+        // An acquire still unanswered may be applied by the other server,
+        // at a revision that is another holder's there: if it shows up as
+        // ours later, it is owed the longest grace.
+        for (const p of st.pending) p.grace = Math.max(p.grace, 2 * this.ttl);
+        const t = st.tenure;
+        if (!st.held || !t || t.controller.signal.aborted) continue;
+        if (!t.suspended) {
+          t.suspended = true;
+          t.suspendedAt = this.#moves;
+        }
+        if (st.busy || t.unanswered) t.crossed = true;
+      }
+      return;
+    }
+    this.#linkUp = true;
+    this.#ups++;
+    // Waiting guards that found the server unavailable try again now.
+    for (const wake of [...this.#upWaiters]) wake();
+    if (change === "other") this.#moves++;
+    const now = this.#port.now();
+    for (const st of this.#keys.values()) {
+      const t = st.tenure;
+      if (!st.held || !t?.suspended) continue;
+      if (change === "same" && t.suspendedAt === this.#moves && !t.crossed) {
+        // The same server process all along: nothing it acknowledged is
+        // lost, and nothing of ours crossed the gap.
+        t.suspended = false;
+      } else if (!this.#stopped && !this.#defunct) {
+        // Prove the lease at once rather than at the next renewal.
+        st.renewAt = now;
+        this.#plan(st, now);
+      }
+    }
+  }
+
+  /**
+   * Ends the suspension of `st`'s tenure (point 10), or its tenure, or the
+   * manager: reads the key's last entry from the stream leader of the
+   * server we are now connected to. Our entry at the revision we last
+   * confirmed proves the server kept it (a write of ours still in flight
+   * can then only land on our own entry). Anything else at or below that
+   * revision proves the server lost writes it acknowledged to us: revisions
+   * are then reused, so no epoch or revision of this manager can be
+   * trusted again, and it stops for good. A later entry of another node is
+   * an ordinary loss; a later entry of ours is ours unless a write of ours
+   * crossed the gap (it may have landed on a revision reused by another
+   * holder), when the tenure ends and the key is acquired anew.
+   */
+  async #verify(st: KeyState): Promise<void> {
+    const t = st.tenure!;
+    const downs = this.#downs;
+    // Our entry cannot have expired on the server before our deadline
+    // (expiry is never early, 3), so no entry at all in a read sent before
+    // it means the server lost our writes, as an older entry would.
+    const sentInTenure = this.#port.now() < t.validUntil;
+    let seen: Seen | null;
+    try {
+      seen = await this.#read(st.subject, undefined, true);
+    } catch (err) {
+      this.#retryRenewal(st);
+      throw new UnavailableError(
+        st.key,
+        `cannot tell whether the lease survived the lost connection: ${
+          errText(err)
+        }`,
+        { cause: err },
+      );
+    }
+    if (downs !== this.#downs || !this.#linkUp) {
+      this.#retryRenewal(st);
+      throw new UnavailableError(st.key, suspendedError(st.key).message);
+    }
+    if (st.tenure !== t || !st.held) return;
+    const ours = this.#ours(st, seen);
+    if (ours && seen!.seq === st.rev) {
+      t.suspended = false;
+      t.crossed = false;
+      return;
+    }
+    if (
+      (seen === null && sentInTenure) || (seen !== null && seen.seq <= st.rev)
+    ) {
+      this.#goDefunct(
+        `the server lost writes it had acknowledged: revision ${st.rev} of '${st.key}' was ours, and after the connection came back the key ${
+          seen === null
+            ? "has no entry at all, which an expiry cannot explain before our deadline"
+            : `'s last revision is ${seen.seq}${
+              ours
+                ? ""
+                : ` (${
+                  seen.kind === "put" ? `held by ${seen.node}` : "no holder"
+                })`
+            }`
+        } (run nats-server with jetstream { sync_interval: always }), so revisions and epochs repeat; this manager vouches for nothing more`,
+      );
+      throw new UnavailableError(st.key, this.#defunct!);
+    }
+    if (ours && !t.crossed) {
+      // Our own CAS, applied before the connection dropped, whose reply was
+      // lost with it.
+      st.rev = seen!.seq;
+      t.suspended = false;
+      return;
+    }
+    // Gone without a trace after our deadline (an expiry), another node's,
+    // or ours but possibly
+    // applied on another holder's reused revision: this tenure is over.
+    if (ours) {
+      t.end(
+        new UnavailableError(
+          st.key,
+          `Lease on '${st.key}' ended: a renewal crossed the lost connection, and the server it came back to may have applied it over another holder's entry`,
+        ),
+        this.#port.now(),
+        "unproven",
+      );
+    }
+    this.#lost(st, ours ? null : seen);
+  }
+
+  #state(key: string): KeyState {
+    let st = this.#keys.get(key);
+    if (!st) {
+      st = new KeyState(key, this.#subject(key));
+      this.#keys.set(key, st);
+    }
+    return st;
+  }
+
+  #subject(key: string): string {
+    return `$KV.${this.bucket}.${key}`;
+  }
+
+  #tag(epoch: number): string {
+    return `lease:${this.#instance}:${epoch}:${++this.#counter}`;
+  }
+
+  guard<T>(
+    key: string,
+    write: (lease: Lease) => T | Promise<T>,
+    options?: GuardOptions,
+  ): Promise<T> {
+    try {
+      // A key with state here passed the check before: no regex per write.
+      const known = typeof key === "string" ? this.#keys.get(key) : undefined;
+      if (!known) checkKey("guard a write", key);
+      if (typeof write !== "function") {
+        throw new TypeError(
+          `Cannot guard a write on '${key}' as 'write' must be a function: received ${
+            describe(write)
+          }`,
+        );
+      }
+      const wait = options?.wait;
+      if (wait !== undefined && typeof wait !== "boolean") {
+        throw new TypeError(
+          `Cannot guard a write on '${key}' as 'wait' must be a boolean: received ${
+            describe(wait)
+          }`,
+        );
+      }
+      const check = options?.check;
+      if (check !== undefined && check !== "cas" && check !== "lease") {
+        throw new TypeError(
+          `Cannot guard a write on '${key}' as 'check' must be "cas" or "lease": received ${
+            describe(check)
+          }`,
+        );
+      }
+      const signal = options?.signal;
+      if (
+        known && (check ?? this.#check) === "lease" &&
+        this.#fresh(known, signal)
+      ) {
+        return this.#run(known, write, signal, true);
+      }
+      return wait
+        ? this.#guardWait(key, write, signal, true)
+        : this.#guardOnce(key, write, signal, true);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+  }
+
+  /**
+   * One attempt of a guard: the acquire or renewal path, then the write.
+   * With `follow`, the lease's signal also follows the caller's signal for
+   * the length of the write.
+   */
+  async #guardOnce<T>(
+    key: string,
+    write: (lease: Lease) => T | Promise<T>,
+    signal: AbortSignal | undefined,
+    follow: boolean,
+  ): Promise<T> {
+    if (signal?.aborted) throw abortReason(signal);
+    this.#checkOpen("guard a write", key);
+    let st: KeyState;
+    for (;;) {
+      st = await this.#claim(key, signal);
+      // A key in its grace needs no round trip to be refused.
+      const wait = st.held ? st.notBefore - this.#port.now() : 0;
+      if (wait > 0) throw new NotHolderError(key, undefined, Math.ceil(wait));
+      try {
+        await this.#sync(st, signal);
+      } catch (err) {
+        throw this.#unavailable("guard a write", key, err);
+      }
+      // A release that began while we waited owns the key now: no write
+      // may start under a lease being given up. Claim it again after.
+      if (!st.releasing) break;
+    }
+
+    if (signal?.aborted) throw abortReason(signal);
+    this.#checkOpen("guard a write", key);
+    if (this.#defunct) throw this.#unavailable("guard a write", key);
+    if (!st.held) throw new NotHolderError(key, st.foreign);
+    const now = this.#port.now();
+    if (now < st.notBefore) {
+      throw new NotHolderError(key, undefined, Math.ceil(st.notBefore - now));
+    }
+    if (st.tenure!.suspended) throw suspendedError(key);
+    this.#vouch(st, now);
+    if (st.tenure!.controller.signal.aborted) {
+      // The CAS landed but took so long that it no longer vouches for us.
+      throw new UnavailableError(
+        key,
+        `Cannot guard a write on '${key}': the lease was confirmed too late to write under it`,
+      );
+    }
+    return this.#run(st, write, signal, follow);
+  }
+
+  /**
+   * Whether a `check: "lease"` guard may write on `st` now with no round
+   * trip (safety argument, point 9): held, past its grace, not being given
+   * up, and its deadline at least the margin away. Reads the clock once;
+   * the write then starts in this same synchronous step. Anything else
+   * (including an aborted caller's signal) takes the CAS path, which says
+   * why not.
+   */
+  #fresh(st: KeyState, signal?: AbortSignal): boolean {
+    const t = st.tenure;
+    if (
+      !t || !st.held || st.releasing || st.gone || this.#closing ||
+      this.#defunct || t.controller.signal.aborted || t.suspended ||
+      signal?.aborted || this.#port.isClosed()
+    ) return false;
+    const now = this.#port.now();
+    if (now < st.notBefore || t.validUntil - now < this.#margin) return false;
+    // A renewal overdue by two slots means the event loop has not run our
+    // timers or read our replies (a loop of guards that never yields):
+    // this guard takes the CAS path, which waits for them and renews.
+    if (now > st.renewAt + 2 * this.#quantum) return false;
+    st.lastUse = now;
+    return true;
+  }
+
+  /**
+   * Runs `write` under `st`'s current tenure, which vouches for it now. Not
+   * an async function: a write that returns a plain value settles the guard
+   * without an extra turn (it is most of what a lease-checked guard costs).
+   */
+  #run<T>(
+    st: KeyState,
+    write: (lease: Lease) => T | Promise<T>,
+    signal: AbortSignal | undefined,
+    follow: boolean,
+  ): Promise<T> {
+    const tenure = st.tenure!;
+    // With a caller's signal, one controller follows both for the length of
+    // the write; its listeners go when it settles, so a long-lived caller
+    // signal does not collect one dependent per guard.
+    const tenureSignal = tenure.controller.signal;
+    let leaseSignal = tenureSignal;
+    let unfollow: (() => void) | undefined;
+    if (signal && follow) {
+      const follow = new AbortController();
+      const onTenure = () => follow.abort(tenureSignal.reason);
+      const onCaller = () => follow.abort(signal.reason);
+      tenureSignal.addEventListener("abort", onTenure, { once: true });
+      signal.addEventListener("abort", onCaller, { once: true });
+      leaseSignal = follow.signal;
+      unfollow = () => {
+        tenureSignal.removeEventListener("abort", onTenure);
+        signal.removeEventListener("abort", onCaller);
+      };
+    }
+    const settled = () => {
+      unfollow?.();
+      if (--st.writes === 0) {
+        for (const r of st.drained.splice(0)) r();
+      }
+    };
+    st.writes++;
+    let out: T | Promise<T>;
+    try {
+      out = write(
+        new HeldLease(st.key, this.node, tenure, leaseSignal, this.#port),
+      );
+    } catch (err) {
+      settled();
+      return Promise.reject(err);
+    }
+    if (
+      out !== null && (typeof out === "object" || typeof out === "function") &&
+      typeof (out as { then?: unknown }).then === "function"
+    ) {
+      const p = Promise.resolve(out);
+      p.then(settled, settled);
+      return p;
+    }
+    settled();
+    return Promise.resolve(out);
+  }
+
+  async held(key: string): Promise<boolean> {
+    checkKey("check a lease", key);
+    this.#checkOpen("check a lease", key);
+    const st = await this.#claim(key, undefined);
+    try {
+      await this.#sync(st, undefined);
+    } catch (err) {
+      throw this.#unavailable("check the lease", key, err);
+    }
+    return st.held && !this.#defunct;
+  }
+
+  async holder(key: string): Promise<Holder | null> {
+    checkKey("read a holder", key);
+    this.#checkOpen("read a holder", key);
+    let seen: Seen | null;
+    try {
+      seen = await this.#read(this.#subject(key), undefined, false);
+    } catch (err) {
+      throw this.#unavailable("read the holder", key, err);
+    }
+    if (!seen || seen.kind !== "put") return null;
+    return { node: seen.node, epoch: seen.epoch };
+  }
+
+  async holders(prefix: string): Promise<Map<string, Holder>> {
+    checkKey("list holders", prefix);
+    this.#checkOpen("list holders", prefix);
+    const subjects = this.#port.subjects;
+    if (subjects === undefined) {
+      throw new TypeError(
+        `Cannot list holders under '${prefix}' as this port cannot list keys`,
+      );
+    }
+    const base = this.#subject(prefix);
+    const found = new Map<string, Holder>();
+    try {
+      let listed: string[];
+      try {
+        listed = await subjects(`${base}.>`, this.#timeout);
+      } catch (err) {
+        if (err instanceof BucketGone) this.#goDefunct(err.message);
+        throw err;
+      }
+      const seen = await Promise.all(
+        listed.map((s) => this.#read(s, undefined, true)),
+      );
+      seen.forEach((e, i) => {
+        if (e?.kind !== "put") return;
+        const key = listed[i]!.slice(base.length - prefix.length);
+        found.set(key, { node: e.node, epoch: e.epoch });
+      });
+    } catch (err) {
+      throw err instanceof UnavailableError ? err : new UnavailableError(
+        prefix,
+        `Cannot list holders under '${prefix}': ${
+          this.#defunct ?? errText(err)
+        }`,
+        { cause: err },
+      );
+    }
+    return new Map([...found].sort(([a], [b]) => a < b ? -1 : a > b ? 1 : 0));
+  }
+
+  /**
+   * A guard that waits its turn: tries the ordinary guard path, and on a
+   * refusal waits (for the grace, for news of the key, or a backoff) and
+   * tries again. Waiting only decides when the acquire path (read, CAS,
+   * grace) runs again; nothing here lets a write run without it.
+   */
+  async #guardWait<T>(
+    key: string,
+    write: (lease: Lease) => T | Promise<T>,
+    signal: AbortSignal | undefined,
+    follow: boolean,
+  ): Promise<T> {
+    let kw: KeyWatch | undefined;
+    let backoff = FIRST_BACKOFF;
+    try {
+      for (;;) {
+        const mark = kw?.wakes;
+        const news = kw?.news;
+        const ups = this.#ups;
+        let started = false;
+        try {
+          return await this.#guardOnce(
+            key,
+            (lease) => {
+              started = true;
+              // Nothing waits on the key any more: its watch (a consumer
+              // on the server) ends now, not when a long write does.
+              if (kw) this.#unwatch(kw);
+              kw = undefined;
+              return write(lease);
+            },
+            signal,
+            follow,
+          );
+        } catch (err) {
+          // What the write threw is the caller's, and is never retried.
+          if (started) throw err;
+          if (signal?.aborted) throw abortReason(signal);
+          if (
+            !(err instanceof NotHolderError || err instanceof UnavailableError)
+          ) throw err;
+          // A bucket that is gone, or a connection closed for good, never
+          // comes back: waiting would never end.
+          if (
+            err instanceof UnavailableError &&
+            (this.#defunct !== undefined || this.#port.isClosed())
+          ) throw err;
+          this.#checkOpen("guard a write", key);
+          if (err instanceof NotHolderError && err.retryAfter !== undefined) {
+            backoff = FIRST_BACKOFF;
+            await this.#pause(err.retryAfter, signal);
+          } else if (err instanceof NotHolderError) {
+            backoff = FIRST_BACKOFF;
+            kw ??= this.#watchKey(key);
+            // News that came while we tried may already have let us in.
+            if (mark === undefined || kw.wakes === mark) {
+              await this.#awaitWake(kw, signal);
+            }
+          } else if (this.#ups !== ups) {
+            // The connection came back while we tried: try again at once.
+            backoff = FIRST_BACKOFF;
+          } else if (kw === undefined || kw.news === news) {
+            // Unavailable: back off, so an outage is not met with a stream
+            // of failed requests, but wake, as a waiter on the key does, at
+            // news of it (a release the watch saw while we failed to read),
+            // and when the connection comes back.
+            const back = await this.#backOff(kw, backoff, signal);
+            backoff = back
+              ? FIRST_BACKOFF
+              : Math.min(backoff * 2, this.ttl / 3);
+          }
+        }
+      }
+    } finally {
+      if (kw) this.#unwatch(kw);
+    }
+  }
+
+  /** Resolves after `ms`, or at close(); rejects when `signal` aborts. */
+  #pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
+    return this.#until(signal, (done) => {
+      const timer = this.#port.setTimer(done, ms);
+      return () => this.#port.clearTimer(timer);
+    });
+  }
+
+  /**
+   * Resolves after `ms`, at news of `kw` (not a wake after a failed
+   * fallback read, which tells a guard that failed nothing new), when the
+   * connection comes back (with `true`), or at close(); rejects when
+   * `signal` aborts.
+   */
+  async #backOff(
+    kw: KeyWatch | undefined,
+    ms: number,
+    signal: AbortSignal | undefined,
+  ): Promise<boolean> {
+    const ups = this.#ups;
+    await this.#until(signal, (done) => {
+      const timer = this.#port.setTimer(done, ms);
+      const news = kw?.news;
+      const onNews = () => {
+        if (kw!.news !== news) done();
+      };
+      kw?.waiters.add(onNews);
+      this.#upWaiters.add(done);
+      return () => {
+        this.#port.clearTimer(timer);
+        kw?.waiters.delete(onNews);
+        this.#upWaiters.delete(done);
+      };
+    });
+    return this.#ups !== ups;
+  }
+
+  /** Resolves at news of `kw` that may let a waiter in, or at close(). */
+  #awaitWake(kw: KeyWatch, signal: AbortSignal | undefined): Promise<void> {
+    return this.#until(signal, (done) => {
+      if (kw.stopped) {
+        done();
+        return () => {};
+      }
+      kw.waiters.add(done);
+      this.#armWatch(kw);
+      return () => kw.waiters.delete(done);
+    });
+  }
+
+  /**
+   * Resolves when `start` calls its `done`, or at close(); rejects with the
+   * reason when `signal` aborts. `start` returns its own cleanup.
+   */
+  #until(
+    signal: AbortSignal | undefined,
+    start: (done: () => void) => () => void,
+  ): Promise<void> {
+    if (signal?.aborted) return Promise.reject(abortReason(signal));
+    return new Promise<void>((resolve, reject) => {
+      const closing = this.#closeCtl.signal;
+      let stop = (): unknown => undefined;
+      const cleanup = () => {
+        stop();
+        signal?.removeEventListener("abort", onAbort);
+        closing.removeEventListener("abort", done);
+      };
+      const done = () => {
+        cleanup();
+        resolve();
+      };
+      const onAbort = () => {
+        cleanup();
+        reject(abortReason(signal!));
+      };
+      if (closing.aborted) return resolve();
+      signal?.addEventListener("abort", onAbort, { once: true });
+      closing.addEventListener("abort", done, { once: true });
+      stop = start(done);
+    });
+  }
+
+  campaign(key: string, options?: WatchOptions): AsyncIterable<Lease> {
+    checkKey("campaign", key);
+    this.#checkOpen("campaign", key);
+    return this.#campaign(key, options?.signal);
+  }
+
+  async *#campaign(
+    key: string,
+    signal: AbortSignal | undefined,
+  ): AsyncGenerator<Lease, void, undefined> {
+    if (signal?.aborted || this.#closing) return;
+    const kw = this.#watchKey(key);
+    let led = false;
+    try {
+      for (;;) {
+        let lease: Lease;
+        try {
+          // The lease follows its tenure and the campaign's signal for as
+          // long as it lives, not only for the (empty) write.
+          lease = await this.#guardWait(
+            key,
+            (l) => (l as HeldLease).following(signal),
+            signal,
+            false,
+          );
+        } catch (err) {
+          if (signal?.aborted || this.#closing) return;
+          throw err;
+        }
+        led = true;
+        this.#leading.set(key, (this.#leading.get(key) ?? 0) + 1);
+        try {
+          yield lease;
+          await this.#until(signal, (done) => {
+            const ls = lease.signal;
+            if (ls.aborted) {
+              done();
+              return () => {};
+            }
+            ls.addEventListener("abort", done, { once: true });
+            return () => ls.removeEventListener("abort", done);
+          }).catch(() => {});
+        } finally {
+          const n = (this.#leading.get(key) ?? 1) - 1;
+          if (n > 0) this.#leading.set(key, n);
+          else this.#leading.delete(key);
+        }
+        if (signal?.aborted || this.#closing) return;
+      }
+    } finally {
+      this.#unwatch(kw);
+      // close() releases every key itself.
+      if (led && !this.#closing) await this.release(key);
+    }
+  }
+
+  watch(key: string, options?: WatchOptions): AsyncIterable<Holder | null> {
+    checkKey("watch a lease", key);
+    this.#checkOpen("watch a lease", key);
+    return this.#watchHolders(key, options?.signal);
+  }
+
+  async *#watchHolders(
+    key: string,
+    signal: AbortSignal | undefined,
+  ): AsyncGenerator<Holder | null, void, undefined> {
+    if (signal?.aborted || this.#closing) return;
+    const kw = this.#watchKey(key);
+    const queue: (Holder | null)[] = [];
+    let last: Holder | null | undefined;
+    let notify: (() => void) | undefined;
+    const listener: Listener = (seen) => {
+      if (seen !== undefined) {
+        const h = seen?.kind === "put"
+          ? { node: seen.node, epoch: seen.epoch }
+          : null;
+        // A renewal by the same holder is no news.
+        const same = last !== undefined &&
+          (h === null || last === null
+            ? h === last
+            : h.node === last.node && h.epoch === last.epoch);
+        if (same) return;
+        last = h;
+        queue.push(h);
+      }
+      notify?.();
+    };
+    const wake = () => notify?.();
+    kw.listeners.add(listener);
+    signal?.addEventListener("abort", wake);
+    this.#closeCtl.signal.addEventListener("abort", wake);
+    if (kw.seen !== undefined) listener(kw.seen);
+    this.#armWatch(kw);
+    try {
+      for (;;) {
+        if (signal?.aborted || this.#closing) return;
+        if (kw.stopped) {
+          // A bucket deleted or re-created (not a connection closed for
+          // good, which only ends the iteration): the caller must know.
+          if (this.#defunct !== undefined && !this.#port.isClosed()) {
+            throw new UnavailableError(key, this.#defunct);
+          }
+          return;
+        }
+        const h = queue.shift();
+        if (h !== undefined) {
+          yield h;
+          continue;
+        }
+        await new Promise<void>((r) => notify = r);
+        notify = undefined;
+      }
+    } finally {
+      kw.listeners.delete(listener);
+      signal?.removeEventListener("abort", wake);
+      this.#closeCtl.signal.removeEventListener("abort", wake);
+      this.#unwatch(kw);
+    }
+  }
+
+  /** The key's watch, started by its first user. */
+  #watchKey(key: string): KeyWatch {
+    let kw = this.#watches.get(key);
+    if (!kw) {
+      const w = kw = new KeyWatch(key, this.#subject(key));
+      this.#watches.set(key, w);
+      if (this.#port.watch) {
+        w.handle = this.#port.watch(
+          w.subject,
+          (e) => this.#onNews(w, e === null ? null : toSeen(e)),
+          (why) => this.#goDefunct(why),
+        );
+      }
+      this.#armWatch(w);
+      // A defunct manager's watches are over: this one too.
+      if (this.#defunct !== undefined) void this.#endWatch(w);
+    }
+    kw.users++;
+    return kw;
+  }
+
+  #unwatch(kw: KeyWatch): void {
+    if (--kw.users > 0 || kw.stopped) return;
+    void this.#endWatch(kw);
+  }
+
+  /** Stops `kw` for good; resolves when what it opened is removed. */
+  #endWatch(kw: KeyWatch): Promise<void> {
+    if (kw.stopped) return Promise.resolve();
+    kw.stopped = true;
+    if (this.#watches.get(kw.key) === kw) this.#watches.delete(kw.key);
+    this.#port.clearTimer(kw.timer);
+    kw.timer = undefined;
+    this.#wake(kw);
+    for (const l of [...kw.listeners]) l(undefined);
+    const stopped = kw.handle?.stop() ?? Promise.resolve();
+    kw.handle = undefined;
+    return stopped.catch(() => {});
+  }
+
+  /**
+   * News of a key: from the port's watch, or from a fallback read. Wakes
+   * the waiters unless it is a renewal by the holder already seen (or the
+   * first news, naming another node's entry, when the waiters were just
+   * refused by it).
+   */
+  #onNews(kw: KeyWatch, seen: Seen | null): void {
+    if (kw.stopped) return;
+    const prev = kw.seen;
+    if (seen !== null) {
+      if (seen.seq <= kw.lastSeq) return;
+      kw.lastSeq = seen.seq;
+    } else if (prev === null) return;
+    kw.seen = seen;
+    kw.seenAt = this.#port.now();
+    // Another holder's entry, seen now: its CAS was sent before the server
+    // stored it, so before now, and its holder's deadline is within one
+    // TTL of now. The acquire path's "stood still for one TTL" rule may
+    // count from here, as from a read of its own. Only a newer revision:
+    // a lagging watch must not move an observation back.
+    const st = this.#keys.get(kw.key);
+    if (
+      st !== undefined && seen?.kind === "put" &&
+      seen.seq > (st.observed?.seq ?? 0)
+    ) {
+      st.observed = { seq: seen.seq, id: entryId(seen), at: kw.seenAt };
+    }
+    const renewal = seen?.kind === "put" &&
+      (prev === undefined
+        ? seen.node !== this.node
+        : prev?.kind === "put" && prev.node === seen.node);
+    for (const l of [...kw.listeners]) l(seen);
+    // A renewal only moves the fallback timer.
+    if (!renewal) this.#wake(kw);
+    this.#armWatch(kw);
+  }
+
+  #wake(kw: KeyWatch, failed = false): void {
+    kw.wakes++;
+    if (!failed) kw.news++;
+    for (const w of [...kw.waiters]) w();
+  }
+
+  /**
+   * (Re)arms the fallback timer of `kw`: when an expiry without a marker
+   * is due, from the last news of a holder's entry plus one TTL, every 25
+   * ms for 600 ms, so a waiter learns of it within 25 ms (a bucket with
+   * markers is told by one, and reads only 300 ms late); then every TTL/10
+   * while the entry stays; every
+   * TTL/10 while waiters wait though the watch shows no holder (a reader
+   * lagging behind the watch); every TTL/3 without `Port.watch` or before
+   * the watch's first news.
+   */
+  #armWatch(kw: KeyWatch): void {
+    this.#port.clearTimer(kw.timer);
+    kw.timer = undefined;
+    if (kw.stopped || kw.reading || this.#stopped) return;
+    const now = this.#port.now();
+    let at: number;
+    if (!this.#port.watch || kw.seen === undefined) at = now + this.ttl / 3;
+    else if (kw.seen?.kind === "put") {
+      const due = kw.seenAt + this.ttl;
+      // At `due` the entry has stood still for a TTL: waiters may take it
+      // over (then the grace). Without markers, a bounded burst of reads
+      // follows, to report the expiry itself; never while the holder
+      // renews: each renewal moves `seenAt`, and the timer.
+      if (now < due) at = due;
+      else if (this.#markerLife === 0 && now < due + EXPIRY_WINDOW) {
+        at = now + EXPIRY_STEP;
+      } else at = Math.max(due + EXPIRY_MARGIN, now + this.ttl / 10);
+    } else if (kw.waiters.size > 0) at = now + this.ttl / 10;
+    else return;
+    kw.timer = this.#port.setTimer(() => void this.#onWatchTimer(kw), at - now);
+  }
+
+  /**
+   * The fallback: reads the key, as news; if that brings none, wakes the
+   * waiters anyway when the entry is overdue (a replica late to expire is
+   * left to the acquire path's own rule) or the watch shows no holder.
+   */
+  async #onWatchTimer(kw: KeyWatch): Promise<void> {
+    kw.timer = undefined;
+    if (kw.stopped) return;
+    const before = kw.wakes;
+    let ok = true;
+    kw.reading = true;
+    try {
+      const seen = await this.#read(kw.subject, undefined, false);
+      kw.reading = false;
+      this.#onNews(kw, seen);
+    } catch {
+      ok = false;
+    } finally {
+      kw.reading = false;
+    }
+    if (kw.stopped) return;
+    if (kw.wakes === before) {
+      // Woken without news: once when the entry has stood still for a TTL
+      // (its holder's deadline has passed, so the acquire path may take it
+      // over), then on every tick from when the server should have expired
+      // it (a replica late to expire, or reads that fail).
+      const s = kw.seen;
+      const now = this.#port.now();
+      const due = kw.seenAt + this.ttl;
+      const first = s?.kind === "put" && now >= due &&
+        kw.dueWake !== kw.seenAt;
+      const overdue = s?.kind !== "put" ||
+        now >= due + (this.#markerLife === 0 ? EXPIRY_WINDOW : EXPIRY_MARGIN);
+      if (first) kw.dueWake = kw.seenAt;
+      if (!ok || first || overdue) this.#wake(kw, !ok);
+    }
+    this.#armWatch(kw);
+  }
+
+  /** The key's state for a guard: after any release of it has finished. */
+  async #claim(
+    key: string,
+    signal: AbortSignal | undefined,
+  ): Promise<KeyState> {
+    for (;;) {
+      const st = this.#state(key);
+      if (!st.releasing) {
+        st.lastUse = this.#port.now();
+        return st;
+      }
+      await (signal ? raceAbort(st.releasing, signal) : st.releasing);
+      this.#checkOpen("guard a write", key);
+    }
+  }
+
+  #checkOpen(verb: string, key: string): void {
+    if (this.#closing) {
+      throw new TypeError(
+        `Cannot ${verb} on '${key}' as the lease manager is closed`,
+        this.#signal?.aborted ? { cause: this.#signal.reason } : undefined,
+      );
+    }
+  }
+
+  /** An UnavailableError that says which call could not be served. */
+  #unavailable(verb: string, key: string, err?: unknown): unknown {
+    if (err !== undefined && !(err instanceof UnavailableError)) return err;
+    const why = this.#defunct ?? (err as UnavailableError).message;
+    return new UnavailableError(key, `Cannot ${verb} on '${key}': ${why}`, {
+      cause: err instanceof UnavailableError ? err.cause ?? err : undefined,
+    });
+  }
+
+  /**
+   * Resolves after one server operation that started after this call has
+   * finished for `st`. Callers arriving while an operation runs share the
+   * next one, so a hot key costs one round trip per batch, not per guard,
+   * and no guard's CAS fails another's.
+   */
+  #sync(st: KeyState, signal: AbortSignal | undefined): Promise<void> {
+    let b = st.next;
+    if (!b) {
+      b = st.next = batch();
+      if (!st.busy) void this.#pump(st);
+    }
+    return signal ? raceAbort(b.promise, signal) : b.promise;
+  }
+
+  async #pump(st: KeyState): Promise<void> {
+    st.busy = true;
+    let finish!: () => void;
+    st.idle = new Promise((r) => finish = r);
+    while (st.next) {
+      const b = st.next;
+      st.next = undefined;
+      try {
+        if (this.#defunct) throw new UnavailableError(st.key, this.#defunct);
+        // A key given up sends nothing more: its guards see the release
+        // and claim the key again once it has finished.
+        const timed = st.renewalDue;
+        st.renewalDue = false;
+        if (!this.#givenUp(st)) {
+          if (st.held) {
+            // Timed only when a listener will hear of it: a CAS guard's
+            // batch reads no clock for this.
+            const t = st.tenure!;
+            const t0 = timed && this.#renewedHeard ? this.#port.now() : 0;
+            await this.#renew(st);
+            if (timed && this.#renewedHeard && st.held && st.tenure === t) {
+              this.#emit(
+                new LeaseRenewedEvent(st.key, t.epoch, this.#port.now() - t0),
+              );
+            }
+          } else await this.#acquire(st);
+        }
+        b.resolve();
+      } catch (err) {
+        this.#renewalFailed(st, err);
+        b.reject(err);
+      }
+    }
+    st.busy = false;
+    finish();
+  }
+
+  /**
+   * Publishes on `st`'s key if its last revision is `expect`. Unanswered
+   * requests reject with UnavailableError; a missing bucket makes the
+   * manager defunct.
+   */
+  async #write(
+    st: KeyState,
+    op: "PUT" | "DEL",
+    expect: number,
+    msgId: string,
+  ): Promise<WriteResult> {
+    // Every revision we saw applied before sending is below the one this
+    // write gets, if it is applied in the same stream.
+    const floor = this.#maxRev;
+    let res: WriteResult;
+    try {
+      res = await this.#port.write({
+        subject: st.subject,
+        op,
+        value: op === "PUT" ? this.#nodeBytes : new Uint8Array(0),
+        expect,
+        msgId,
+        timeout: this.#timeout,
+      });
+    } catch (err) {
+      if (err instanceof BucketGone) this.#goDefunct(err.message);
+      throw new UnavailableError(st.key, errText(err), { cause: err });
+    }
+    if ("seq" in res) {
+      if (res.seq <= floor) {
+        this.#goDefunct(
+          `the bucket '${this.bucket}' was deleted and re-created (revision ${res.seq} after ${floor}), so its epochs restarted`,
+        );
+        throw new UnavailableError(st.key, this.#defunct!);
+      }
+      this.#maxRev = Math.max(this.#maxRev, res.seq);
+    }
+    return res;
+  }
+
+  /**
+   * The marker life the stream's current configuration and servers prove,
+   * asked for right after an acquiring CAS that expects no entry (so the
+   * request goes out in the same flush) and settling to 0 when unproven
+   * (no answer within the timeout, or a port without
+   * {@linkcode Port.markerLife}). One request serves every acquisition that
+   * sends its CAS before the current turn (this run of code and its
+   * microtasks) ends, so a proof is never one sent a round trip before the
+   * CAS it decides for.
+   */
+  #markerProof(): Promise<number> {
+    const port = this.#port;
+    if (port.markerLife === undefined) return Promise.resolve(0);
+    let p = this.#proof;
+    if (p === undefined) {
+      let asked: Promise<number>;
+      try {
+        asked = port.markerLife(this.#timeout);
+      } catch {
+        asked = Promise.resolve(0);
+      }
+      p = this.#proof = asked.then(
+        (life) => Number.isFinite(life) && life > 0 ? life : 0,
+        () => 0,
+      );
+      const mine = p;
+      queueMicrotask(() => {
+        if (this.#proof === mine) this.#proof = undefined;
+      });
+    }
+    return p;
+  }
+
+  async #read(
+    subject: string,
+    seq: number | undefined,
+    leader: boolean,
+  ): Promise<Seen | null> {
+    let e: RawEntry | null;
+    try {
+      e = await this.#port.read(
+        subject,
+        seq === undefined ? { leader } : { seq, leader },
+        this.#timeout,
+      );
+    } catch (err) {
+      if (err instanceof BucketGone) this.#goDefunct(err.message);
+      throw err;
+    }
+    return e ? toSeen(e) : null;
+  }
+
+  #ours(st: KeyState, seen: Seen | null): boolean {
+    return seen !== null && seen.kind === "put" &&
+      seen.node === this.node && seen.instance === this.#instance &&
+      st.tenure !== undefined && seen.epoch === st.tenure.epoch;
+  }
+
+  /**
+   * Whether `st` was given up: released or closed, or being released with
+   * nothing held. Its loops stop there, so nothing is sent on a key after
+   * its release() resolved (a request in flight then may still land: an
+   * acquire that lands is ignored and expires, see #tookOver).
+   */
+  #givenUp(st: KeyState): boolean {
+    return st.gone || (st.releasing !== undefined && !st.held);
+  }
+
+  /** Renews a lease we believe we hold: the steady-state round trip. */
+  /**
+   * Tells the listeners of a renewal that failed on a tenure still going
+   * (off the guard's path: only a failed CAS gets here).
+   */
+  #renewalFailed(st: KeyState, err: unknown): void {
+    const t = st.tenure;
+    if (
+      !st.held || !t || t.controller.signal.aborted ||
+      !(err instanceof UnavailableError)
+    ) return;
+    const left = Math.max(0, t.validUntil - this.#port.now());
+    this.#emit(new RenewalFailedEvent(st.key, t.epoch, err, left));
+  }
+
+  async #renew(st: KeyState): Promise<void> {
+    const epoch = st.tenure!.epoch;
+    for (let attempt = 0; attempt < 3; attempt++) {
+      if (attempt > 0 && this.#givenUp(st)) return;
+      // Point 10: nothing is sent while the connection is down (nats.js
+      // would hold it and send it to whatever server comes back), and a
+      // suspended lease is proven before its CAS goes out.
+      if (!this.#linkUp) {
+        this.#retryRenewal(st);
+        throw new UnavailableError(st.key, suspendedError(st.key).message);
+      }
+      if (st.tenure!.suspended) {
+        await this.#verify(st);
+        if (!st.held || st.tenure!.suspended) return;
+      }
+      const sent = this.#port.now();
+      const downs = this.#downs;
+      let res: WriteResult;
+      try {
+        res = await this.#write(st, "PUT", st.rev, this.#tag(epoch));
+      } catch (err) {
+        // No answer: the CAS may or may not have landed. Keep the claim
+        // (the next CAS on the old revision settles it) and let the
+        // deadline withdraw our vouching if this lasts. It may not even
+        // have left the process yet: see Tenure.unanswered.
+        st.tenure!.unanswered = true;
+        this.#retryRenewal(st);
+        throw new UnavailableError(
+          st.key,
+          `the lease could not be renewed: ${errText(err)}`,
+          { cause: (err as Error).cause ?? err },
+        );
+      }
+      if (downs !== this.#downs) {
+        // Sent before the connection dropped, answered after: the server
+        // that applied it may have lost what came before. #verify decides.
+        this.#retryRenewal(st);
+        throw new UnavailableError(st.key, suspendedError(st.key).message);
+      }
+      if ("seq" in res) {
+        if (sent >= st.tenure!.validUntil) {
+          // A tenure never outlives its deadline. We stopped vouching before
+          // this CAS was sent, so what happened meanwhile is unknown (a
+          // bucket re-created behind our back can even bring our revision
+          // back under another holder): start a new tenure, with a new epoch
+          // and the grace owed to a holder that may be one TTL from its
+          // deadline.
+          this.#tookOver(st, res.seq, 2 * this.ttl, sent, "lapsed");
+          return;
+        }
+        st.rev = res.seq;
+        // Answered on the connection an unanswered CAS went out on, and
+        // behind it: that one has reached this server already.
+        st.tenure!.unanswered = false;
+        this.#confirmed(st, sent);
+        return;
+      }
+      const at = res.conflict;
+      if (at > 0 && at < st.rev) {
+        // The key's last revision is below one we wrote: only a new stream
+        // numbers like that, or one that lost the writes it acknowledged.
+        this.#goDefunct(
+          `the bucket '${this.bucket}' was deleted and re-created, or its server lost writes it had acknowledged (key '${st.key}' at revision ${at} after our ${st.rev}), so its epochs restarted`,
+        );
+        throw new UnavailableError(st.key, this.#defunct!);
+      }
+      if (at === 0 && sent < st.tenure!.validUntil) {
+        // No entry at all, in answer to a CAS sent before our deadline: our
+        // entry cannot have expired yet (3), and a delete or purge through
+        // the KV API leaves an entry. So the server lost the writes it
+        // acknowledged, which point 10 sees only through a dropped
+        // connection: a client whose server is a leaf node of the one with
+        // the bucket sees none when that one restarts.
+        this.#goDefunct(
+          `the server lost writes it had acknowledged: revision ${st.rev} of '${st.key}' was ours, and the key has no entry at all, which an expiry cannot explain before our deadline (run nats-server with jetstream { sync_interval: always }), so revisions and epochs repeat; this manager vouches for nothing more`,
+        );
+        throw new UnavailableError(st.key, this.#defunct!);
+      }
+      // Someone's write won. If it is ours (an earlier CAS whose reply we
+      // never got), carry on from it; otherwise the lease is lost. The read
+      // goes to the stream leader: a lagging replica may not have our own
+      // write yet, and must not turn it into a loss.
+      let seen: Seen | null;
+      try {
+        seen = at === 0 ? null : await this.#read(
+          st.subject,
+          at > 0 ? at : undefined,
+          true,
+        );
+      } catch (err) {
+        this.#retryRenewal(st);
+        throw new UnavailableError(
+          st.key,
+          `cannot tell whether the lease is still held: ${errText(err)}`,
+          { cause: err },
+        );
+      }
+      if (this.#ours(st, seen)) {
+        st.rev = seen!.seq;
+        continue;
+      }
+      if (seen === null && at > 0) {
+        // The revision the server named is gone already (overwritten or
+        // expired since): unknown, not lost. The next CAS names the newer
+        // one.
+        continue;
+      }
+      this.#lost(st, seen);
+      return;
+    }
+    // Revisions kept moving under us: keep trying, the deadline bounds it.
+    this.#retryRenewal(st);
+    throw new UnavailableError(
+      st.key,
+      "the lease could not be renewed: its revisions kept moving",
+    );
+  }
+
+  /** Tries to take a key we do not hold; at most a few reads and CASes. */
+  async #acquire(st: KeyState): Promise<void> {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      if (attempt > 0 && this.#givenUp(st)) return;
+      let seen: Seen | null = null;
+      // On a key this state never looked at, with markers proven, try the
+      // CAS that expects no entry before reading: a never-used key is then
+      // taken in one round trip, and anything else makes it fail (it names
+      // what is there) and we read as usual. Only the CAS's success
+      // matters for the grace below, never the skipped read.
+      const probe = attempt === 0 && this.#markerLife > 0 && !st.probed;
+      st.probed = true;
+      // A read and the CAS built on it must meet one server process
+      // (point 10): a restarted one may have reused the revision we read.
+      const downs = this.#downs;
+      try {
+        // Any replica will do: the CAS below decides, and it names the
+        // revision it expects, whose content we read here.
+        if (!probe) seen = await this.#read(st.subject, undefined, false);
+      } catch (err) {
+        throw new UnavailableError(
+          st.key,
+          `the lease could not be read: ${errText(err)}`,
+          { cause: err },
+        );
+      }
+      const now = this.#port.now();
+      if (
+        seen?.kind === "put" && seen.acquire &&
+        seen.instance === this.#instance
+      ) {
+        const p = st.pending.find((p) => p.counter === seen.counter);
+        if (p) {
+          // Our own acquiring CAS, whose reply was lost: we hold the key,
+          // with the grace an answer would have left (below). (Only this
+          // manager writes with its instance id.) The same re-creation
+          // check as for an answered write applies.
+          if (seen.seq <= p.floor) {
+            this.#goDefunct(
+              `the bucket '${this.bucket}' was deleted and re-created (revision ${seen.seq} after ${p.floor}), so its epochs restarted`,
+            );
+            throw new UnavailableError(st.key, this.#defunct!);
+          }
+          // The reply, not the CAS, was lost: what the CAS's success
+          // proves is what an answered one proves (3). Its marker proof
+          // was read about when the CAS went in, and the CAS may have been
+          // applied any time before our read saw it, so a second proof,
+          // asked now (after it was applied), must agree: only markers
+          // removed and restored between the two go unseen. A drop since
+          // it was sent already owes the longest grace (#onLink).
+          if (p.proof !== undefined) {
+            const lives = await Promise.all([p.proof, this.#markerProof()]);
+            if (p.downs === this.#downs) {
+              p.grace = this.ttl - Math.min(this.ttl, ...lives);
+            }
+          }
+          this.#maxRev = Math.max(this.#maxRev, seen.seq);
+          this.#tookOver(st, seen.seq, p.grace, p.sent, "recovered");
+          return;
+        }
+      }
+      const unknownPast = this.#restartGrace || st.sawForeign;
+      let grace: number;
+      // How the key was found, for the "acquired" event.
+      let found: AcquiredFrom;
+      // Whether a marker proof goes out with the CAS (see below).
+      let prove = false;
+      if (seen === null) {
+        found = "fresh";
+        // No entry (in the replica we read). The CAS below expects none
+        // on the leader. Without markers, a key never held and one whose
+        // holder expired look alike: its deadline has passed, but it may
+        // be paused mid-write, so the full grace.
+        grace = unknownPast ? this.ttl : 0;
+        // With markers that live `life`, the CAS succeeds only if the last
+        // entry or tombstone expired (never early, and at or after its
+        // holder's deadline) more than `life` ago, so only the rest of the
+        // grace is owed. What start-up proved may have changed since (the
+        // stream edited, a server rolled back): the life is proven again
+        // by a request sent with the CAS, and the grace decided once both
+        // are answered.
+        prove = unknownPast && this.#markerLife > 0;
+      } else if (seen.kind === "expired") {
+        // A marker: a holder's deadline passed recently; the full grace.
+        found = "expired";
+        grace = unknownPast ? this.ttl : 0;
+      } else if (seen.kind === "released") {
+        // A lease manager's clean release.
+        found = "released";
+        grace = 0;
+      } else if (seen.kind === "removed") {
+        found = "removed";
+        // Deleted or purged by someone else while the holder may still be
+        // inside its deadline (at most one TTL away): wait that out, then
+        // the grace.
+        grace = 2 * this.ttl;
+      } else if (seen.node === this.node && !this.#restartGrace) {
+        // Our node id, written by another process: the Go reference adopts
+        // such an entry at once, and restartGrace: false asks for that.
+        found = "own";
+        grace = 0;
+      } else {
+        found = "stood-still";
+        // Another node, or our node id written by another process (a
+        // previous incarnation, or a second copy): either may be alive and
+        // inside its deadline, so wait for the entry to expire like any
+        // holder's, then the grace.
+        st.sawForeign = true;
+        st.foreign = seen.node;
+        // A holder that has not renewed for a full TTL of our own time has
+        // stopped trusting its lease (its deadline is at most TTL after its
+        // last CAS, which was before we first saw it). The server normally
+        // expires it first; this covers replicas that are late to expire.
+        // The same entry, not merely the same revision (see `observed`).
+        if (
+          st.observed?.seq !== seen.seq || st.observed.id !== entryId(seen)
+        ) {
+          st.observed = { seq: seen.seq, id: entryId(seen), at: now };
+          return;
+        }
+        if (now - st.observed.at < this.ttl) return;
+        grace = this.ttl;
+      }
+      if (!this.#linkUp || downs !== this.#downs) {
+        throw new UnavailableError(
+          st.key,
+          "the lease could not be acquired: the connection to the server was lost",
+        );
+      }
+      const expect = seen === null ? 0 : seen.seq;
+      const sent = this.#port.now();
+      const msgId = this.#tag(0);
+      // Bounded: an attempt forgotten here that lands after all is taken
+      // for another process's entry with our node id (safe, only slower).
+      const floor = this.#maxRev;
+      // An attempt recognised later (its reply lost) is owed what it
+      // would have been owed answered, its marker proof included.
+      const pending: Pending = {
+        counter: this.#counter,
+        grace,
+        sent,
+        floor,
+        downs,
+      };
+      if (st.pending.push(pending) > 8) st.pending.shift();
+      let res: WriteResult;
+      let proof: Promise<number> | undefined;
+      try {
+        const writing = this.#write(st, "PUT", expect, msgId);
+        // Sent right behind the CAS, in the same flush: one round trip.
+        if (prove) proof = pending.proof = this.#markerProof();
+        res = await writing;
+      } catch (err) {
+        throw new UnavailableError(
+          st.key,
+          `the lease could not be acquired: ${errText(err)}`,
+          { cause: (err as Error).cause ?? err },
+        );
+      }
+      if (!("seq" in res)) {
+        st.pending.pop(); // refused, so it never lands
+        if (downs !== this.#downs) {
+          throw new UnavailableError(
+            st.key,
+            "the lease could not be acquired: the connection to the server was lost",
+          );
+        }
+        continue; // the key moved: look again
+      }
+      if (downs !== this.#downs) {
+        // Applied by a server we reached after the connection dropped,
+        // over a revision we read before: it may have been another
+        // holder's there, alive and one TTL from its deadline.
+        proof = undefined;
+        grace = Math.max(grace, 2 * this.ttl);
+      }
+      if (proof !== undefined) {
+        // Markers as they are now, answered about when the CAS was
+        // applied; unproven (0) leaves the full grace.
+        const life = await proof;
+        grace = this.ttl - Math.min(this.ttl, life);
+      }
+      this.#tookOver(st, res.seq, grace, sent, found);
+      return;
+    }
+  }
+
+  /** Our acquiring CAS sent at `sent` was applied at `seq`. */
+  #tookOver(
+    st: KeyState,
+    seq: number,
+    grace: number,
+    sent: number,
+    found: AcquiredFrom,
+  ): void {
+    // An acquire that lands after its key was given up: nobody renews it,
+    // so it expires, and a later claim waits for it like any holder's.
+    if (st.gone) return;
+    st.held = true;
+    st.rev = seq;
+    const t = st.tenure = new Tenure(
+      seq,
+      `${this.#instance}.${++this.#tenures}`,
+      this.#reporter(st),
+    );
+    st.pending = [];
+    st.observed = undefined;
+    st.foreign = undefined;
+    // The grace runs from now, which is after the CAS was applied: the
+    // previous holder's deadline was at most `grace - ttl` before that.
+    st.notBefore = grace > 0 ? this.#port.now() + grace : 0;
+    this.#emit(new LeaseAcquiredEvent(st.key, seq, t.id, grace, found));
+    this.#confirmed(st, sent);
+  }
+
+  /** A CAS sent at `sent` succeeded: we hold the key until `sent + ttl`. */
+  #confirmed(st: KeyState, sent: number): void {
+    if (st.gone) return;
+    let t = st.tenure!;
+    if (t.controller.signal.aborted) {
+      // The deadline passed before this confirmation came: same epoch, but
+      // leases handed out before keep their ended signal.
+      t = st.tenure = new Tenure(t.epoch, t.id, this.#reporter(st));
+      this.#emit(
+        new LeaseAcquiredEvent(st.key, t.epoch, t.id, 0, "lapsed"),
+      );
+    }
+    // The server stamps the entry when the CAS arrives, after `sent`, and
+    // expires it no earlier than a TTL later.
+    t.validUntil = Math.max(t.validUntil, sent + this.ttl);
+    st.renewAt = sent + this.ttl / 3;
+    // Both deadlines only move forward here, so a timer armed for an
+    // earlier one fires early and re-arms itself: a guarded write touches
+    // no timer in steady state.
+    st.expiryTimer ??= this.#port.setTimer(
+      () => this.#onExpiry(st),
+      Math.max(0, t.validUntil - this.#port.now()),
+    );
+    if (st.renewSlot === 0) this.#plan(st, st.renewAt);
+    // A reply that arrives after a pause may confirm a deadline that has
+    // already passed.
+    this.#vouch(st, this.#port.now());
+  }
+
+  /**
+   * After an unanswered renewal: retry soon while the lease may still be
+   * saved, then only every TTL/3 (an outage must not turn every held key
+   * into a stream of timed-out requests).
+   */
+  #retryRenewal(st: KeyState): void {
+    const now = this.#port.now();
+    const saving = st.tenure !== undefined && now < st.tenure.validUntil;
+    st.renewAt = now + (saving ? this.ttl / 10 : this.ttl / 3);
+    this.#plan(st, st.renewAt);
+  }
+
+  /**
+   * Plans a renewal of `st` at `at` or up to one quantum later. All keys of
+   * a manager share one timer over slots of `#quantum` ms, so the renewals
+   * due in a slot are published in one macrotask and nats.js writes them
+   * to the socket together, instead of one timer, one task and one socket
+   * write per lease. A quantum is at most TTL/30, so a renewal planned for
+   * TTL/3 still leaves most of the TTL to retry in.
+   */
+  #plan(st: KeyState, at: number): void {
+    if (this.#stopped || st.gone || this.#port.isClosed()) return;
+    let slot = Math.ceil(at / this.#quantum) * this.#quantum;
+    // Floating point may round the product below `at`; a slot at or
+    // before the one being served would be served again, forever.
+    if (slot < at) slot += this.#quantum;
+    // A key planned in several slots acts only in the one it names.
+    st.renewSlot = slot;
+    const keys = this.#slots.get(slot);
+    if (keys) keys.push(st);
+    else this.#slots.set(slot, [st]);
+    if (slot < this.#tickAt) this.#arm(slot);
+  }
+
+  #arm(slot: number): void {
+    this.#port.clearTimer(this.#tickTimer);
+    this.#tickAt = slot;
+    this.#tickTimer = this.#port.setTimer(
+      () => this.#tick(),
+      Math.max(0, slot - this.#port.now()),
+    );
+  }
+
+  #tick(): void {
+    this.#tickTimer = undefined;
+    this.#tickAt = Infinity;
+    const now = this.#port.now();
+    let next = Infinity;
+    // A snapshot: slots planned while serving these wait for the next tick.
+    for (const [slot, keys] of [...this.#slots]) {
+      if (slot > now) {
+        next = Math.min(next, slot);
+        continue;
+      }
+      this.#slots.delete(slot);
+      for (const st of keys) {
+        if (st.renewSlot === slot) {
+          st.renewSlot = 0;
+          this.#onRenew(st, now);
+        }
+      }
+    }
+    // #onRenew may have planned slots of its own and armed the timer.
+    if (next < this.#tickAt) this.#arm(next);
+  }
+
+  #onRenew(st: KeyState, now: number): void {
+    if (!st.held || this.#stopped || this.#port.isClosed()) return;
+    // After a pause, this may be the first code that runs: stop vouching
+    // before anything else does.
+    this.#vouch(st, now);
+    if (
+      this.#idleRelease !== undefined && !st.releasing && st.writes === 0 &&
+      !this.#leading.has(st.key) && now - st.lastUse >= this.#idleRelease
+    ) {
+      void this.#giveUp(st, now);
+      return;
+    }
+    // A guard may have renewed since this was planned: plan anew from then.
+    if (st.renewAt > now) this.#plan(st, st.renewAt);
+    else {
+      st.renewalDue = true;
+      void this.#sync(st, undefined);
+    }
+  }
+
+  #stopRenewals(): void {
+    this.#port.clearTimer(this.#tickTimer);
+    this.#tickTimer = undefined;
+    this.#tickAt = Infinity;
+    this.#slots.clear();
+    for (const st of this.#keys.values()) st.renewSlot = 0;
+  }
+
+  /** Ends the tenure if its deadline has passed. */
+  #vouch(st: KeyState, now: number): void {
+    const t = st.tenure;
+    if (t && st.held && now >= t.validUntil) t.end(expiredError(st.key), now);
+  }
+
+  /** At the deadline of the last confirmed CAS, writes must stop. */
+  #onExpiry(st: KeyState): void {
+    st.expiryTimer = undefined;
+    if (!st.held || !st.tenure) return;
+    const now = this.#port.now();
+    const left = st.tenure.validUntil - now;
+    if (left > 0) {
+      st.expiryTimer = this.#port.setTimer(() => this.#onExpiry(st), left);
+      return;
+    }
+    this.#vouch(st, now);
+  }
+
+  #clearExpiry(st: KeyState): void {
+    this.#port.clearTimer(st.expiryTimer);
+    st.expiryTimer = undefined;
+  }
+
+  #lost(st: KeyState, seen: Seen | null): void {
+    st.held = false;
+    st.sawForeign = true;
+    st.foreign = seen?.kind === "put" ? seen.node : undefined;
+    st.renewSlot = 0;
+    this.#clearExpiry(st);
+    st.tenure?.end(
+      new NotHolderError(st.key, st.foreign),
+      this.#port.now(),
+      st.foreign === undefined ? "deleted" : "overwritten",
+    );
+  }
+
+  /** Stops vouching for every lease, for good, with `why`. */
+  #goDefunct(why: string): void {
+    if (this.#defunct) return;
+    this.#defunct = why;
+    this.#stopRenewals();
+    const now = this.#port.now();
+    for (const st of this.#keys.values()) {
+      this.#clearExpiry(st);
+      if (st.held) {
+        st.held = false;
+        st.tenure?.end(new UnavailableError(st.key, why), now, "defunct");
+      }
+    }
+    // Nothing can come back to a watch now: end every one (its waiters
+    // then find the manager defunct, its iterators end).
+    for (const kw of [...this.#watches.values()]) void this.#endWatch(kw);
+    // A manager closed before its connection was has nothing to report.
+    if (!this.#stopped) this.#emit(new LeaseDefunctEvent(why));
+  }
+
+  #connectionClosed(): void {
+    this.#goDefunct("the NATS connection is closed");
+  }
+
+  release(key: string): Promise<void> {
+    checkKey("release a lease", key);
+    const st = this.#keys.get(key);
+    if (!st) return Promise.resolve();
+    return this.#giveUp(st, this.#port.now() + this.#settleTimeout).then(
+      () => {},
+    );
+  }
+
+  /**
+   * Gives `st` up (release or close): settle, release if clean, forget.
+   * Resolves `true` when our entry was deleted cleanly.
+   */
+  #giveUp(st: KeyState, settleBy: number): Promise<boolean> {
+    st.releasing ??= this.#releaseKey(st, settleBy).finally(() => {
+      st.gone = true;
+      if (this.#keys.get(st.key) === st) this.#keys.delete(st.key);
+    });
+    return st.releasing;
+  }
+
+  async #releaseKey(st: KeyState, settleBy: number): Promise<boolean> {
+    // Renewals go on while writes settle: a write must not lose its lease
+    // because the process is shutting down.
+    while (st.writes > 0) {
+      const left = settleBy - this.#port.now();
+      if (left <= 0) break;
+      await this.#waitFor(
+        new Promise<void>((r) => st.drained.push(r)),
+        left,
+      );
+    }
+    if (st.busy) await this.#waitFor(st.idle, this.#timeout);
+    st.renewSlot = 0;
+    this.#clearExpiry(st);
+    const now = this.#port.now();
+    const t = st.tenure;
+    // Only a release that leaves nothing owed may let a successor skip the
+    // grace: our writes settled, our own grace (owed to the holder before
+    // us) is over, and our lease is still confirmed, so nobody else can
+    // have written since our revision. Not after an unanswered CAS: if it
+    // reaches a restarted server that reused our revision for another
+    // holder, our delete, sent the same way, would free that holder's key
+    // as a clean release.
+    const live = st.held && t !== undefined && !t.controller.signal.aborted;
+    const clean = st.held && !st.busy && st.writes === 0 &&
+      now >= st.notBefore && t !== undefined && now < t.validUntil &&
+      !t.suspended && !t.unanswered && this.#linkUp && !this.#defunct &&
+      !this.#port.isClosed();
+    // The tenure ends before the delete is sent: once a successor can see
+    // the key free, this node's lease signal has aborted.
+    t?.end(
+      new NotHolderError(
+        st.key,
+        undefined,
+        undefined,
+        `Lease on '${st.key}' was released`,
+      ),
+      this.#port.now(),
+      "released",
+    );
+    let released = false;
+    if (clean) {
+      st.busy = true;
+      try {
+        // Compare-and-delete on our own revision: it can only remove our
+        // entry, and our tag marks it as a clean release.
+        const res = await this.#write(st, "DEL", st.rev, this.#tag(t.epoch));
+        released = "seq" in res;
+      } catch {
+        // Unanswered: it may have landed; if not, the entry expires.
+      } finally {
+        st.busy = false;
+      }
+    }
+    st.held = false;
+    // Given up from here on, before the caller hears of it: a reply still
+    // in flight must not make this state hold or renew again.
+    st.gone = true;
+    if (live) {
+      this.#emit(new LeaseReleasedEvent(st.key, t!.epoch, t!.id, released));
+    }
+    return released;
+  }
+
+  /** Resolves when `p` settles or after `ms`, whichever is first. */
+  #waitFor(p: Promise<unknown>, ms: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const timer = this.#port.setTimer(resolve, ms);
+      const done = () => {
+        this.#port.clearTimer(timer);
+        resolve();
+      };
+      p.then(done, done);
+    });
+  }
+
+  override addEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | AddEventListenerOptions,
+  ): void {
+    if (listener === null) return;
+    if (type === "renewed") this.#renewedHeard = true;
+    let guarded = this.#guarded.get(listener);
+    if (!guarded) {
+      // A listener's exception would otherwise reach the runtime as an
+      // uncaught error (and end a Deno or Node process): the manager's
+      // state is already changed when it runs, so report and go on.
+      guarded = (event: Event) => {
+        try {
+          if (typeof listener === "function") listener.call(this, event);
+          else listener.handleEvent(event);
+        } catch (err) {
+          console.error(
+            `lease manager: a '${event.type}' listener threw:`,
+            err,
+          );
+        }
+      };
+      this.#guarded.set(listener, guarded);
+    }
+    super.addEventListener(type, guarded, options);
+  }
+
+  override removeEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | EventListenerOptions,
+  ): void {
+    if (listener === null) return;
+    super.removeEventListener(
+      type,
+      this.#guarded.get(listener) ?? listener,
+      options,
+    );
+  }
+
+  /**
+   * Dispatches `event` after the current task's state changes are done:
+   * a listener that calls back into the manager finds it consistent.
+   */
+  #emit(event: Event): void {
+    queueMicrotask(() => this.dispatchEvent(event));
+  }
+
+  health(options: HealthOptions = {}): LeaseHealth {
+    const margin = options.margin ?? this.ttl / 3;
+    if (typeof margin !== "number" || !(margin >= 0)) {
+      throw new RangeError(
+        `Cannot read health as 'margin' must be a non-negative number of milliseconds: received ${
+          String(margin)
+        }`,
+      );
+    }
+    const now = this.#port.now();
+    const overdue: string[] = [];
+    const expiring: string[] = [];
+    let held = 0;
+    for (const st of this.#keys.values()) {
+      const t = st.tenure;
+      if (!st.held || !t || t.controller.signal.aborted) continue;
+      held++;
+      if (now - st.renewAt > this.ttl / 3) overdue.push(st.key);
+      if (t.suspended || t.validUntil - now < margin) expiring.push(st.key);
+    }
+    const closed = this.#closing !== undefined || this.#stopped;
+    const connected = this.#linkUp && !this.#port.isClosed();
+    return {
+      ok: !closed && this.#defunct === undefined && connected &&
+        overdue.length === 0 && expiring.length === 0,
+      closed,
+      defunct: this.#defunct,
+      connected,
+      held,
+      overdue,
+      expiring,
+    };
+  }
+
+  close(): Promise<CloseResult> {
+    if (!this.#closing) {
+      this.#closing = this.#shutdown();
+      this.#closeCtl.abort();
+    }
+    return this.#closing;
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+
+  async #shutdown(): Promise<CloseResult> {
+    this.#signal?.removeEventListener("abort", this.#onAbort);
+    // Waiting guards, campaigns and watch iterators end now; what the
+    // watches opened on the server is removed while the keys settle.
+    const unwatched = Promise.all(
+      [...this.#watches.values()].map((kw) => this.#endWatch(kw)),
+    );
+    const settleBy = this.#port.now() + this.#settleTimeout;
+    const keys = [...this.#keys.values()];
+    const held = keys.map((st) => st.held || st.pending.length > 0);
+    const done = await Promise.all(
+      keys.map((st) => this.#giveUp(st, settleBy)),
+    );
+    this.#stopped = true;
+    this.#stopRenewals();
+    for (const st of keys) this.#clearExpiry(st);
+    this.#keys.clear();
+    await this.#waitFor(unwatched, this.#timeout);
+    this.#port.close?.();
+    const released: string[] = [];
+    const unreleased: string[] = [];
+    keys.forEach((st, i) => {
+      if (done[i]) released.push(st.key);
+      else if (held[i]) unreleased.push(st.key);
+    });
+    return { released, unreleased };
+  }
+}

@@ -1,0 +1,161 @@
+// ---------------------------------------------------------------------------
+// The seam. The protocol below talks to the world only through a `Port`: its
+// clock, its timers, the three server operations it needs, and (optional)
+// a watch of one key's subject. Production
+// passes `natsPort` (nats.js and `performance.now()`/`setTimeout`); the
+// simulator in `sim/` passes a virtual KV and virtual time, and so runs this
+// exact code. Not exported from `mod.ts`.
+
+/** The last entry of a key (or the message at a revision), as stored. */
+export interface RawEntry {
+  /** The stream sequence: the KV revision. */
+  readonly seq: number;
+  /** The `KV-Operation` header: `undefined` for a plain put or a server marker. */
+  readonly operation: "DEL" | "PURGE" | undefined;
+  /** The `Nats-Marker-Reason` header of a server-written marker (e.g. `"MaxAge"`). */
+  readonly marker: string | undefined;
+  /** The `Nats-Msg-Id` header: how our writes are tagged. */
+  readonly msgId: string | undefined;
+  /** The body: the holder's node id for a put, empty for a marker. */
+  readonly value: string;
+}
+
+/** A compare-and-set publish on one key's subject. */
+export interface WriteRequest {
+  /** `$KV.<bucket>.<key>`. */
+  readonly subject: string;
+  /** `"PUT"` writes `value`; `"DEL"` writes a KV delete marker (empty body). */
+  readonly op: "PUT" | "DEL";
+  /** The node id, for a put. */
+  readonly value: Uint8Array;
+  /** `Nats-Expected-Last-Subject-Sequence`: 0 when the key must have no entry. */
+  readonly expect: number;
+  /** `Nats-Msg-Id`, the tag that lets us recognise the write later. */
+  readonly msgId: string;
+  /** Milliseconds to wait for the reply before the write counts as unanswered. */
+  readonly timeout: number;
+}
+
+/**
+ * What a write's reply said: `{ seq }` when it was applied at that revision;
+ * `{ conflict }` when the key's last revision was not `expect`, with the
+ * revision the server named (-1 when it named none).
+ */
+export type WriteResult = { readonly seq: number } | {
+  readonly conflict: number;
+};
+
+/** A port's write or read found that the bucket's stream does not exist. */
+export class BucketGone extends Error {
+  /** Makes the error. */
+  constructor(message = "the lease bucket does not exist") {
+    super(message);
+    this.name = "BucketGone";
+  }
+}
+
+/**
+ * Everything the protocol needs from the world. A write or read that gets no
+ * answer (timeout, no responders, closed connection) rejects; one that finds
+ * the bucket missing rejects with {@linkcode BucketGone}.
+ */
+export interface Port {
+  /** Monotonic milliseconds. */
+  now(): number;
+  /** Calls `fn` once after `ms` milliseconds of this clock. */
+  setTimer(fn: () => void, ms: number): unknown;
+  /** Cancels a timer (a no-op for `undefined` or a fired one). */
+  clearTimer(handle: unknown): void;
+  /** An id that no other manager uses, for tagging this manager's writes. */
+  newInstanceId(): string;
+  /** Publishes `req`; see {@linkcode WriteResult}. */
+  write(req: WriteRequest): Promise<WriteResult>;
+  /**
+   * The last entry on `subject` (or, with `seq`, the message at that
+   * revision if it is on `subject`); `null` when there is none. With
+   * `leader: true` the stream leader answers (read-your-writes, as far as
+   * the server gives it); otherwise any replica may, and may lag.
+   */
+  read(
+    subject: string,
+    query: { readonly seq?: number; readonly leader: boolean },
+    timeout: number,
+  ): Promise<RawEntry | null>;
+  /**
+   * Watches one subject: calls `onEntry` with its current last entry
+   * (`null` when there is none), then with every later message on it, in
+   * stream order and each at most once (with its headers, as
+   * {@linkcode Port.read} gives them). It may skip messages that a later one
+   * replaced before they could be delivered, and after a reconnect it
+   * resumes with the subject's last entry. Never rejects: while the server
+   * cannot be reached it delivers nothing and keeps trying. An expiry with
+   * no subject delete marker delivers nothing (the manager's timers cover
+   * it). `stop()` ends the watch and resolves once what it opened on the
+   * server is gone (or could not be removed in time); no call follows it.
+   * When it finds the bucket's stream deleted or re-created (checked only
+   * after its consumer failed), it calls `onGone` once with why, and ends.
+   *
+   * Optional: without it, the manager reads the key every TTL/3 while
+   * someone waits for it or watches it, and treats what it reads as the
+   * watch's messages.
+   */
+  watch?(
+    subject: string,
+    onEntry: (e: RawEntry | null) => void,
+    onGone?: (why: string) => void,
+  ): { stop(): Promise<void> };
+  /**
+   * How long, in ms, the bucket's stream keeps a marker after an entry (or a
+   * tombstone) of a key expires, as the stream's configuration and the
+   * servers serving it show when the request is answered; 0 when that
+   * cannot be proven (no markers, or shorter than a margin; a server that
+   * is too old or was not proven at start-up; an error; no answer within
+   * `timeout`). Never rejects. The request is sent before the call returns,
+   * so one made right after {@linkcode Port.write} goes out with that write
+   * (nats.js flushes both in one socket write).
+   *
+   * Optional: without it, the manager never takes any part of a grace off
+   * on the strength of markers (what start-up proved may have changed
+   * since: a stream edit, a server rolled back).
+   */
+  markerLife?(timeout: number): Promise<number>;
+  /**
+   * Optional: the subjects matching `filter` that have a message in the
+   * stream, as the stream leader reports them. Without it,
+   * {@linkcode LeaseManager.holders} rejects with a `TypeError`.
+   */
+  subjects?(filter: string, timeout: number): Promise<string[]>;
+  /**
+   * Optional: calls `fn` at each change of the connection, in order:
+   * `"down"` when it is lost, `"same"` when it is back on the server
+   * process it last had (which kept all it acknowledged), `"other"` when
+   * it is back on another server process: a restarted server, which may
+   * have lost writes it acknowledged (a tail not yet on disk), or another
+   * server of a cluster. The first `"down"` is reported before any reply
+   * sent after it is delivered. Without it, the manager never suspends a
+   * lease for a lost connection (see the safety argument, point 10).
+   */
+  onLink?(fn: (change: LinkChange) => void): void;
+  /**
+   * Optional: calls `fn` once, with why, if the port finds that the
+   * servers holding the bucket can no longer be trusted with a
+   * compare-and-set (a peer that was down at start-up came back on a
+   * release older than 2.9.21, nats-server#4320). Registering starts the
+   * port's checks of such peers; `close` ends them.
+   */
+  onDistrust?(fn: (why: string) => void): void;
+  /** Whether the connection is closed for good. */
+  isClosed(): boolean;
+  /** Settles when the connection closes for good. */
+  closed(): Promise<unknown>;
+  /**
+   * Optional: called once when `close()` is done, after which the manager
+   * sends nothing more; frees what the port holds for it (production: the
+   * reply subscription it shares with other managers on the connection,
+   * once none uses it and no reply is due).
+   */
+  close?(): void;
+}
+
+/** A change of the connection, as {@linkcode Port.onLink} reports it. */
+export type LinkChange = "down" | "same" | "other";
