@@ -1,4 +1,94 @@
 /**
+ * Single-writer leases over a NATS JetStream KV bucket: the face of the
+ * module. It resolves the options of {@linkcode createLeaseManager}, sets the
+ * bucket up, and hands the protocol core (`lease/manager.ts`, whose head
+ * holds the safety argument) the production port over nats.js
+ * (`lease/nats_port.ts`).
+ *
+ * @module
+ */
+
+import type { NatsConnection } from "@nats-io/nats-core";
+import {
+  jetstream,
+  type JetStreamManager,
+  jetstreamManager,
+} from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import { abortReason } from "./lease/_async.ts";
+import {
+  isNoResponders,
+  isStreamNotFound,
+  SETUP_ATTEMPT,
+  SETUP_FIRST_ATTEMPT,
+  whileLeaderless,
+} from "./lease/_nats.ts";
+import { errText } from "./lease/errors.ts";
+import {
+  BUCKET_RE,
+  checkDuration,
+  describe,
+  DOMAIN_RE,
+} from "./lease/input.ts";
+import { Manager, type ManagerSettings } from "./lease/manager.ts";
+import { natsPort } from "./lease/nats_port.ts";
+import {
+  casSafeVersion,
+  markersVersion,
+  proveServers,
+} from "./lease/servers.ts";
+import {
+  DEFAULT_TTL,
+  type LeaseManager,
+  type LeaseManagerOptions,
+  MIN_TTL,
+  SETUP_TIMEOUT,
+} from "./lease/types.ts";
+
+export {
+  CLOCK_RATE_BOUND,
+  DEFAULT_TTL,
+  leaseCheckMargin,
+  MIN_TTL,
+  SETUP_TIMEOUT,
+} from "./lease/types.ts";
+export type {
+  CloseResult,
+  Connection,
+  GuardCheck,
+  GuardOptions,
+  HealthOptions,
+  Holder,
+  Lease,
+  LeaseHealth,
+  LeaseManager,
+  LeaseManagerOptions,
+  WatchOptions,
+} from "./lease/types.ts";
+export {
+  type AcquiredFrom,
+  LeaseAcquiredEvent,
+  LeaseDefunctEvent,
+  type LeaseEventMap,
+  LeaseLostEvent,
+  LeaseReleasedEvent,
+  LeaseRenewedEvent,
+  type LostReason,
+  RenewalFailedEvent,
+} from "./lease/events.ts";
+export { NotHolderError, UnavailableError } from "./lease/errors.ts";
+export {
+  BucketGone,
+  type LinkChange,
+  type Port,
+  type RawEntry,
+  type WriteRequest,
+  type WriteResult,
+} from "./lease/port.ts";
+export { managerOnPort, type ManagerSettings } from "./lease/manager.ts";
+export { casSafeVersion, unsafeReplicaReason } from "./lease/servers.ts";
+
+/**
  * Creates a lease manager over a JetStream KV bucket, creating the bucket
  * (TTL = lease TTL, history 1) if it does not exist and `createBucket`
  * allows.

@@ -1,10 +1,9 @@
-function abortReason(signal: AbortSignal): unknown {
+export function abortReason(signal: AbortSignal): unknown {
   return signal.reason ?? new DOMException("aborted", "AbortError");
 }
 
-
 /** `p`, or the signal's reason if it aborts first. */
-function raceAbort<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
+export function raceAbort<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
   if (signal.aborted) return Promise.reject(abortReason(signal));
   return new Promise<T>((resolve, reject) => {
     const onAbort = () => reject(abortReason(signal));
@@ -16,7 +15,7 @@ function raceAbort<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
 }
 
 /** Resolves like `p`, or rejects with a timeout error after `ms`. */
-function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+export function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: ReturnType<typeof setTimeout> | undefined;
   return Promise.race([
     p,

@@ -1,10 +1,14 @@
+import { TimeoutError } from "@nats-io/nats-core";
+import { JetStreamApiError } from "@nats-io/jetstream";
+import { raceAbort } from "./_async.ts";
+
 // ---------------------------------------------------------------------------
 // The production port: nats.js, `performance.now()` and `setTimeout`.
 
-const decoder = new TextDecoder();
+export const decoder = new TextDecoder();
 
 /** The revision the server names in a "wrong last sequence: N" rejection. */
-function conflictRevision(err: unknown): number | undefined {
+export function conflictRevision(err: unknown): number | undefined {
   if (
     !(err instanceof JetStreamApiError) ||
     (err.code !== 10071 && err.code !== 10164)
@@ -13,7 +17,7 @@ function conflictRevision(err: unknown): number | undefined {
   return m ? Number(m[1]) : -1;
 }
 
-function isStreamNotFound(err: unknown): boolean {
+export function isStreamNotFound(err: unknown): boolean {
   return err instanceof JetStreamApiError && err.code === 10059;
 }
 
@@ -21,13 +25,13 @@ function isStreamNotFound(err: unknown): boolean {
  * Each attempt of a set-up read gets this long (or the request timeout, if
  * longer) before it is asked again, within {@linkcode SETUP_TIMEOUT}.
  */
-const SETUP_ATTEMPT = 5_000;
+export const SETUP_ATTEMPT = 5_000;
 
 /** The first attempt of a set-up read (or the request timeout, if longer). */
-const SETUP_FIRST_ATTEMPT = 1_000;
+export const SETUP_FIRST_ATTEMPT = 1_000;
 
 /** Whether `err` is a request that got no answer in time. */
-function isTimeout(err: unknown): boolean {
+export function isTimeout(err: unknown): boolean {
   return err instanceof TimeoutError ||
     (err instanceof Error && err.name === "TimeoutError");
 }
@@ -43,7 +47,7 @@ function isTimeout(err: unknown): boolean {
  * that ends in the same state however often it is made. Any other answer
  * or error is the request's own.
  */
-async function whileLeaderless<T>(
+export async function whileLeaderless<T>(
   request: (timeout: number) => Promise<T>,
   deadline: number,
   signal: AbortSignal | undefined,
@@ -76,7 +80,7 @@ async function whileLeaderless<T>(
 
 /** A write waiting for its reply in a {@linkcode ReplyInbox}. */
 
-function isNoResponders(err: unknown): boolean {
+export function isNoResponders(err: unknown): boolean {
   for (let e = err, i = 0; e instanceof Error && i < 4; e = e.cause, i++) {
     // nats.js reports "no responders" to a JetStream request as a
     // JetStreamNotEnabled error (a misleading name) with the cause inside.

@@ -1,9 +1,11 @@
+import type { RawEntry } from "./port.ts";
+
 // ---------------------------------------------------------------------------
 // What an entry says.
 
-const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
+export const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
 
-const encoder = new TextEncoder();
+export const encoder = new TextEncoder();
 
 /** Our tag: `lease:<instance>:<epoch>:<counter>`; epoch 0 on an acquire. */
 const TAG_RE = /^lease:([^:]+):(\d+):(\d+)$/;
@@ -19,7 +21,7 @@ const TAG_RE = /^lease:([^:]+):(\d+):(\d+)$/;
  * - `removed`: any other delete or purge (an operator's `kv.delete`): the
  *   holder may still be inside its deadline, so one TTL plus the grace.
  */
-interface Seen {
+export interface Seen {
   seq: number;
   kind: "put" | "released" | "expired" | "removed";
   node: string;
@@ -37,11 +39,11 @@ interface Seen {
  * and counter when it carries one (unique per write of a manager). Two
  * entries at one revision with different ids are different writes.
  */
-function entryId(seen: Seen): string {
+export function entryId(seen: Seen): string {
   return `${seen.node}\u0000${seen.instance ?? ""}\u0000${seen.counter}`;
 }
 
-function toSeen(e: RawEntry): Seen {
+export function toSeen(e: RawEntry): Seen {
   const tag = TAG_RE.exec(e.msgId ?? "");
   const tagged = tag ? Number(tag[2]) : 0;
   let kind: Seen["kind"];

@@ -84,7 +84,6 @@ export class UnavailableError extends Error {
   }
 }
 
-
-function errText(err: unknown): string {
+export function errText(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }

@@ -1,11 +1,13 @@
+import { KEY_RE } from "./entry.ts";
+
 // ---------------------------------------------------------------------------
 // Input checks: every one runs before anything is sent to the server.
 
-const BUCKET_RE = /^[-\w]+$/;
+export const BUCKET_RE = /^[-\w]+$/;
 /** A JetStream domain: one subject token. */
-const DOMAIN_RE = /^[^\s.*>]+$/;
+export const DOMAIN_RE = /^[^\s.*>]+$/;
 
-function describe(value: unknown): string {
+export function describe(value: unknown): string {
   if (typeof value === "string") return JSON.stringify(value);
   if (typeof value === "number" || typeof value === "boolean") {
     return String(value);
@@ -13,7 +15,7 @@ function describe(value: unknown): string {
   return value === null ? "null" : typeof value;
 }
 
-function checkKey(verb: string, key: unknown): asserts key is string {
+export function checkKey(verb: string, key: unknown): asserts key is string {
   if (typeof key !== "string" || !KEY_RE.test(key)) {
     throw new TypeError(
       `Cannot ${verb} as 'key' must be ASCII letters, digits, '-', '_', '/' or '=' in non-empty '.'-separated tokens: received ${
@@ -23,7 +25,7 @@ function checkKey(verb: string, key: unknown): asserts key is string {
   }
 }
 
-function checkDuration(
+export function checkDuration(
   name: string,
   value: unknown,
   min: number,

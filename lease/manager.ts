@@ -258,6 +258,52 @@
  * @module
  */
 
+import { abortReason, raceAbort } from "./_async.ts";
+import { encoder, entryId, type Seen, toSeen } from "./entry.ts";
+import { errText, NotHolderError, UnavailableError } from "./errors.ts";
+import {
+  type AcquiredFrom,
+  LeaseAcquiredEvent,
+  LeaseDefunctEvent,
+  LeaseLostEvent,
+  LeaseReleasedEvent,
+  LeaseRenewedEvent,
+  RenewalFailedEvent,
+} from "./events.ts";
+import { checkKey, describe } from "./input.ts";
+import {
+  BucketGone,
+  type LinkChange,
+  type Port,
+  type RawEntry,
+  type WriteResult,
+} from "./port.ts";
+import {
+  batch,
+  EXPIRY_MARGIN,
+  EXPIRY_STEP,
+  EXPIRY_WINDOW,
+  FIRST_BACKOFF,
+  KeyState,
+  KeyWatch,
+  type Listener,
+  type Pending,
+  Tenure,
+  type TenureReport,
+} from "./state.ts";
+import {
+  type CloseResult,
+  type GuardCheck,
+  type GuardOptions,
+  type HealthOptions,
+  type Holder,
+  type Lease,
+  leaseCheckMargin,
+  type LeaseHealth,
+  type LeaseManager,
+  type WatchOptions,
+} from "./types.ts";
+
 /**
  * What the protocol core needs besides its {@linkcode Port}: the resolved
  * options. `createLeaseManager` makes these; the simulator makes its own.
@@ -379,7 +425,7 @@ function expiredError(key: string): UnavailableError {
 
 // ---------------------------------------------------------------------------
 
-class Manager extends EventTarget implements LeaseManager {
+export class Manager extends EventTarget implements LeaseManager {
   readonly node: string;
   readonly ttl: number;
   readonly bucket: string;

@@ -1,3 +1,47 @@
+import {
+  ClosedConnectionError,
+  createInbox,
+  type Msg,
+  type MsgHdrs,
+  MsgHdrsImpl,
+  type NatsConnection,
+  NoRespondersError,
+  type Subscription,
+  TimeoutError,
+} from "@nats-io/nats-core";
+import {
+  type ApiError,
+  type Consumer,
+  type ConsumerMessages,
+  DeliverPolicy,
+  JetStreamApiError,
+  type JetStreamClient,
+  type JetStreamManager,
+  type StoredMsg,
+  type StreamInfo,
+} from "@nats-io/jetstream";
+import { within } from "./_async.ts";
+import {
+  conflictRevision,
+  decoder,
+  isNoResponders,
+  isStreamNotFound,
+} from "./_nats.ts";
+import {
+  BucketGone,
+  type LinkChange,
+  type Port,
+  type RawEntry,
+  type WriteResult,
+} from "./port.ts";
+import {
+  casSafeVersion,
+  census,
+  currentMarkerLife,
+  type MarkerProof,
+  markersVersion,
+} from "./servers.ts";
+
 // ---------------------------------------------------------------------------
 // The production port: nats.js, `performance.now()` and `setTimeout`.
 
@@ -307,7 +351,7 @@ function watchLatePeers(
   };
 }
 
-function natsPort(
+export function natsPort(
   nc: NatsConnection,
   js: JetStreamClient,
   jsm: JetStreamManager,

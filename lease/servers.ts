@@ -1,3 +1,9 @@
+import { createInbox, type Msg, type NatsConnection } from "@nats-io/nats-core";
+import type { JetStreamManager, StreamInfo } from "@nats-io/jetstream";
+import { within } from "./_async.ts";
+import { isTimeout } from "./_nats.ts";
+import { errText } from "./errors.ts";
+
 // ---------------------------------------------------------------------------
 // Replicated buckets: nats-server before 2.9.21 lets two compare-and-set
 // updates of one revision both succeed on a stream with more than one
@@ -81,7 +87,7 @@ interface ServerApiReply {
  * it (the servers that are up answer within milliseconds; one that is down
  * would hold the round for all of `ms`). Never rejects.
  */
-function census(
+export function census(
   nc: NatsConnection,
   wanted: readonly string[],
   ms: number,
@@ -181,7 +187,6 @@ function census(
 /** Pause between stream info reads while a new stream's peers are listed. */
 const PEER_RETRY_MS = 50;
 
-
 /**
  * Checks that every peer of a stream runs nats-server 2.9.21 or later, the
  * first release where compare-and-set on a replicated stream is safe
@@ -268,7 +273,7 @@ export async function unsafeReplicaReason(
 const MARKERS_FIXED: Triple = [2, 11, 2];
 
 /** Whether a server version has trustworthy subject delete markers. */
-function markersVersion(version: string): boolean {
+export function markersVersion(version: string): boolean {
   const parsed = parseVersion(version);
   if (parsed === undefined) return false;
   const c = compare(parsed.v, MARKERS_FIXED);
@@ -286,7 +291,7 @@ const MARKER_EARLY_MARGIN = 50;
  * What start-up proved about markers: how long they live (0: not proven),
  * and the servers holding the stream whose versions were checked then.
  */
-interface MarkerProof {
+export interface MarkerProof {
   life: number;
   /** Grows when a peer that was down at start-up is proven later. */
   peers: Set<string>;
@@ -366,7 +371,7 @@ interface ServerProof {
  * about the server, in the safety argument). Markers are proven only for the peers that answered;
  * each grace decision checks the stream's peers again (currentMarkerLife).
  */
-async function proveServers(
+export async function proveServers(
   nc: NatsConnection,
   jsm: JetStreamManager,
   stream: string,
@@ -559,7 +564,7 @@ function namesTooFew(
  * every server holding the stream must be one whose version start-up
  * checked. 0 when unproven.
  */
-function currentMarkerLife(
+export function currentMarkerLife(
   info: StreamInfo,
   nc: NatsConnection,
   proven: MarkerProof,

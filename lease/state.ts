@@ -1,3 +1,6 @@
+import type { Seen } from "./entry.ts";
+import type { LostReason } from "./events.ts";
+
 // ---------------------------------------------------------------------------
 // Per-key state.
 
@@ -7,7 +10,7 @@ interface Batch {
   reject: (err: unknown) => void;
 }
 
-function batch(): Batch {
+export function batch(): Batch {
   let resolve!: () => void;
   let reject!: (err: unknown) => void;
   const promise = new Promise<void>((res, rej) => {
@@ -24,7 +27,7 @@ function batch(): Batch {
  * One holder's continuous tenure of a key: one epoch, one loss signal, and
  * the deadline until which the manager vouches for it.
  */
-class Tenure {
+export class Tenure {
   readonly epoch: number;
   /** {@linkcode Lease.tenure}: this manager's instance id and a count. */
   readonly id: string;
@@ -76,10 +79,10 @@ class Tenure {
 type TenureEnd = LostReason | "released";
 
 /** Hears of a tenure's end. */
-type TenureReport = (t: Tenure, reason: unknown, why: TenureEnd) => void;
+export type TenureReport = (t: Tenure, reason: unknown, why: TenureEnd) => void;
 
 /** An acquiring CAS whose reply we have not seen. */
-interface Pending {
+export interface Pending {
   counter: number;
   grace: number;
   sent: number;
@@ -91,7 +94,7 @@ interface Pending {
   proof?: Promise<number>;
 }
 
-class KeyState {
+export class KeyState {
   readonly key: string;
   readonly subject: string;
   /** We believe we hold the key (possibly unconfirmed after a timeout). */
@@ -155,7 +158,7 @@ class KeyState {
  * expires entries 80-250 ms after their max age (measured on 2.9.10 and
  * 2.15.2), and an expiry without a subject delete marker sends no message.
  */
-const EXPIRY_MARGIN = 300;
+export const EXPIRY_MARGIN = 300;
 
 /**
  * Without markers, the fallback looks for the expiry from the end of the TTL
@@ -163,19 +166,19 @@ const EXPIRY_MARGIN = 300;
  * until this long after it (twice the lateness above, for a loaded server):
  * at most 25 reads per holder that stopped renewing, then every TTL/10.
  */
-const EXPIRY_WINDOW = 600;
+export const EXPIRY_WINDOW = 600;
 
 /** The pause between two of those reads. */
-const EXPIRY_STEP = 25;
+export const EXPIRY_STEP = 25;
 
 /**
  * The first pause after an UnavailableError of a waiting guard; it doubles
  * to TTL/3, unless news of the key or the connection's return ends it.
  */
-const FIRST_BACKOFF = 50;
+export const FIRST_BACKOFF = 50;
 
 /** News of a key for a watch iterator: `undefined` when the watch ended. */
-type Listener = (seen: Seen | null | undefined) => void;
+export type Listener = (seen: Seen | null | undefined) => void;
 
 /**
  * One watch of one key, shared by every waiting guard, campaign and watch
@@ -183,7 +186,7 @@ type Listener = (seen: Seen | null | undefined) => void;
  * decides when a waiter tries the acquire path again; it authorises
  * nothing (a watch is a read, and may lag).
  */
-class KeyWatch {
+export class KeyWatch {
   readonly key: string;
   readonly subject: string;
   /** Waiting guards, campaigns and watch iterators using it. */

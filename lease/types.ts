@@ -1,3 +1,5 @@
+import type { LeaseEventMap } from "./events.ts";
+
 /** The lease TTL used when none is given and the bucket does not exist yet. */
 export const DEFAULT_TTL = 15_000;
 
