@@ -188,7 +188,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   // Events and health() (lease.ts).
   {
     id: "I15",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: 'st.foreign === undefined ? "deleted" : "overwritten",',
     replace: 'st.foreign === undefined ? "overwritten" : "deleted",',
     test: "lease_events_test.ts",
@@ -198,7 +198,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I16",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: 'if (type === "renewed") this.#renewedHeard = true;',
     replace: 'if (type === "renewal") this.#renewedHeard = true;',
     test: "lease_events_test.ts",
@@ -208,7 +208,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I17",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find:
       "this.#emit(new LeaseAcquiredEvent(st.key, seq, t.id, grace, found));",
     replace:
@@ -220,7 +220,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I18",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: "if (now - st.renewAt > this.ttl / 3) overdue.push(st.key);",
     replace: "if (now - st.renewAt > this.ttl) overdue.push(st.key);",
     test: "lease_test.ts",

@@ -250,7 +250,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   // Events and health() (lease.ts).
   {
     id: "J18",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: "if (t.suspended || t.validUntil - now < margin)",
     replace: "if (t.validUntil - now < margin)",
     test: "lease_events_test.ts",
@@ -260,7 +260,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J19",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: "new LeaseReleasedEvent(st.key, t!.epoch, t!.id, released)",
     replace: "new LeaseReleasedEvent(st.key, t!.epoch, t!.id, true)",
     test: "lease_events_test.ts",
@@ -270,7 +270,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J20",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: "const left = Math.max(0, t.validUntil - this.#port.now());",
     replace: "const left = Math.max(0, this.#port.now() - t.validUntil);",
     test: "lease_events_test.ts",

@@ -4,7 +4,7 @@
  * `lease ls` and `lease watch`, and input checks. Each is one small,
  * plausible bug (a search text replaced once) and names the test that must
  * catch it; `run.ts` puts each into a copy of the tree and runs that test.
- * The simulator's own mutants of `lease.ts` are in `sim/mutants.ts`.
+ * The simulator's own mutants of the lease module are in `sim/mutants.ts`.
  *
  * A mutant's `find` must occur exactly once in its file: when the code
  * changes, the runner reports the mutant as stale rather than testing the
@@ -255,10 +255,10 @@ export const MUTANTS: readonly Mutant[] = [
   // and checks the tenure its write runs under; each mutant removing one of
   // the two survived (the other refuses), so they guard each other and no
   // test tells them apart yet.
-  // --- lease.ts: events -----------------------------------------------------
+  // --- lease/manager.ts: events ---------------------------------------------
   {
     id: "EV1",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `          why === "overwritten" ? st.foreign : undefined,`,
     replace: `          undefined,`,
     test: "lease_events_test.ts",
@@ -267,7 +267,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "EV2",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `    if (live) {
       this.#emit(new LeaseReleasedEvent(`,
     replace: `    if (released) {
@@ -278,7 +278,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "EV3",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find:
       `            if (timed && this.#renewedHeard && st.held && st.tenure === t) {`,
     replace:
@@ -289,7 +289,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "EV4",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `    if (type === "renewed") this.#renewedHeard = true;`,
     replace: ``,
     test: "lease_events_test.ts",
@@ -298,7 +298,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "EV5",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `    const left = Math.max(0, t.validUntil - this.#port.now());`,
     replace: `    const left = Math.max(0, this.#port.now() - t.validUntil);`,
     test: "lease_events_test.ts",
@@ -308,7 +308,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "EV6",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `      this.#guarded.set(listener, guarded);`,
     replace: ``,
     test: "lease_events_test.ts",
@@ -318,7 +318,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "EV7",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `    if (!this.#stopped) this.#emit(new LeaseDefunctEvent(why));`,
     replace: `    if (this.#stopped) this.#emit(new LeaseDefunctEvent(why));`,
     test: "lease_events_test.ts",
@@ -327,7 +327,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "EV8",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find:
       `    this.#emit(new LeaseAcquiredEvent(st.key, seq, t.id, grace, found));`,
     replace:
@@ -338,17 +338,17 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "EV9",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `      if (why === "released") return;`,
     replace: ``,
     test: "lease_events_test.ts",
     name: "a holder change",
     what: "a release is also dispatched as a loss",
   },
-  // --- lease.ts: health() ---------------------------------------------------
+  // --- lease/manager.ts: health() -------------------------------------------
   {
     id: "HL1",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `      if (now - st.renewAt > this.ttl / 3) overdue.push(st.key);`,
     replace: `      if (now - st.renewAt > this.ttl) overdue.push(st.key);`,
     test: "lease_test.ts",
@@ -357,7 +357,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "HL2",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find:
       `      if (t.suspended || t.validUntil - now < margin) expiring.push(st.key);`,
     replace: `      if (t.validUntil - now < margin) expiring.push(st.key);`,
@@ -367,7 +367,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "HL3",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `    const connected = this.#linkUp && !this.#port.isClosed();`,
     replace: `    const connected = !this.#port.isClosed();`,
     test: "lease_events_test.ts",
@@ -376,7 +376,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "HL4",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `      ok: !closed && this.#defunct === undefined && connected &&`,
     replace: `      ok: this.#defunct === undefined && connected &&`,
     test: "lease_events_test.ts",
@@ -385,7 +385,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "HL5",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `    const closed = this.#closing !== undefined || this.#stopped;`,
     replace: `    const closed = this.#stopped;`,
     test: "lease_events_test.ts",
@@ -394,7 +394,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "HL6",
-    file: "lease.ts",
+    file: "lease/manager.ts",
     find: `    if (typeof margin !== "number" || !(margin >= 0)) {`,
     replace: `    if (typeof margin !== "number" || margin < 0) {`,
     test: "lease_events_test.ts",
@@ -599,7 +599,7 @@ export const MUTANTS: readonly Mutant[] = [
   // --- input checks -----------------------------------------------------------
   {
     id: "IN1",
-    file: "lease.ts",
+    file: "lease/input.ts",
     find:
       `    typeof value !== "number" || !Number.isFinite(value) || value < min ||
     value > max`,
@@ -612,7 +612,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN2",
-    file: "lease.ts",
+    file: "lease/entry.ts",
     find: `const KEY_RE = /^[-/=\\w]+(\\.[-/=\\w]+)*$/;`,
     replace: `const KEY_RE = /^[-/=\\w]+(\\.[-/=\\w]*)*$/;`,
     test: "lease_test.ts",
@@ -621,7 +621,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN3",
-    file: "lease.ts",
+    file: "lease/input.ts",
     find: `const DOMAIN_RE = /^[^\\s.*>]+$/;`,
     replace: `const DOMAIN_RE = /^[^\\s*>]+$/;`,
     test: "lease_test.ts",

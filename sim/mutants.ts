@@ -1,13 +1,14 @@
 /**
- * Mutants of `../lease.ts`: each puts one known safety hole back by a
- * source replacement, so the simulator can show that its faults and
- * properties catch it. A mutant is written to `sim/.mutants/lease_<name>.ts`
- * (ignored by git; inside the repository so that the import map and
- * `node_modules` resolve the same way) and loaded like the real module.
+ * Mutants of the lease module (`../lease.ts` and the files of `../lease/`):
+ * each puts one known safety hole back by a source replacement, so the
+ * simulator can show that its faults and properties catch it. A mutant is a
+ * copy of the module, `sim/.mutants/<name>/lease.ts` with its own `lease/`
+ * folder beside it (ignored by git; inside the repository so that the import
+ * map and `node_modules` resolve the same way), loaded like the real module.
  *
- * Every search string must occur exactly once in `lease.ts`: when the code
- * changes, `mutate` says which mutant no longer applies instead of
- * silently testing the unmutated code.
+ * Every search string must occur exactly once in the module's files taken
+ * together: when the code changes, `mutate` says which mutant no longer
+ * applies instead of silently testing the unmutated code.
  *
  * @module
  */
@@ -17,7 +18,7 @@ import * as path from "node:path";
 import { ROOT } from "./load.ts";
 import type { SimOptions } from "./world.ts";
 
-/** One hole, as replacements on `lease.ts`. */
+/** One hole, as replacements in the lease module's files. */
 export interface Mutant {
   /** File-name-safe name. */
   readonly name: string;
@@ -522,49 +523,82 @@ export const MUTANTS: readonly Mutant[] = [
   },
 ];
 
+/** The lease module's files, by path relative to the repository's root. */
+export type Sources = ReadonlyMap<string, string>;
+
 /**
- * Applies a mutant's replacements to `lease.ts`'s source.
+ * Reads the lease module's source files: `lease.ts` and `lease/*.ts`.
  *
- * @param source The source of `lease.ts`.
- * @param m The mutant.
- * @returns The mutated source.
- * @throws {Error} A search string does not occur exactly once.
+ * @returns Each file's text, by its path relative to the repository's root.
  */
-export function mutate(source: string, m: Mutant): string {
-  let out = source;
-  for (const [search, replacement] of m.edits) {
-    const first = out.indexOf(search);
-    if (first < 0 || out.indexOf(search, first + 1) >= 0) {
-      throw new Error(
-        `Cannot build mutant '${m.name}' (hole ${m.hole}) as lease.ts contains ${
-          first < 0 ? "no" : "more than one"
-        } ${JSON.stringify(search.slice(0, 80))}: update sim/mutants.ts`,
-      );
-    }
-    out = out.slice(0, first) + replacement +
-      out.slice(first + search.length);
+export function readSources(): Sources {
+  const files = new Map<string, string>();
+  files.set("lease.ts", fs.readFileSync(path.join(ROOT, "lease.ts"), "utf8"));
+  for (const name of fs.readdirSync(path.join(ROOT, "lease")).sort()) {
+    if (!name.endsWith(".ts")) continue;
+    const rel = `lease/${name}`;
+    files.set(rel, fs.readFileSync(path.join(ROOT, rel), "utf8"));
   }
-  // The copy lives two folders down: keep relative imports pointing home.
-  return out.replaceAll(/from "\.\//g, 'from "../../');
+  return files;
 }
 
 /**
- * Writes a mutant of `lease.ts` to `sim/.mutants/lease_<name>.ts`.
+ * Applies a mutant's replacements to the lease module's files.
+ *
+ * @param sources The files, as {@linkcode readSources} gives them.
+ * @param m The mutant.
+ * @returns The files, with the edited ones changed.
+ * @throws {Error} A search string does not occur exactly once in all the
+ *   files taken together.
+ */
+export function mutate(sources: Sources, m: Mutant): Sources {
+  const out = new Map(sources);
+  for (const [search, replacement] of m.edits) {
+    const hits: [string, number][] = [];
+    for (const [file, text] of out) {
+      for (
+        let at = text.indexOf(search);
+        at >= 0;
+        at = text.indexOf(search, at + 1)
+      ) hits.push([file, at]);
+    }
+    if (hits.length !== 1) {
+      throw new Error(
+        `Cannot build mutant '${m.name}' (hole ${m.hole}) as the lease module contains ${
+          hits.length === 0 ? "no" : `${hits.length} of`
+        } ${JSON.stringify(search.slice(0, 80))}${
+          hits.length > 1 ? ` (in ${hits.map(([f]) => f).join(", ")})` : ""
+        }: update sim/mutants.ts`,
+      );
+    }
+    const [file, at] = hits[0]!;
+    const text = out.get(file)!;
+    out.set(
+      file,
+      text.slice(0, at) + replacement + text.slice(at + search.length),
+    );
+  }
+  return out;
+}
+
+/**
+ * Writes a mutant of the lease module to `sim/.mutants/<name>/`: every file,
+ * so that the copy's relative imports stay inside it.
  *
  * @param m The mutant.
- * @returns The file's path.
+ * @returns The path of the copy's `lease.ts`.
  */
 export function writeMutant(m: Mutant): string {
-  const source = fs.readFileSync(path.join(ROOT, "lease.ts"), "utf8");
-  const dir = path.join(ROOT, "sim", ".mutants");
-  fs.mkdirSync(dir, { recursive: true });
-  const file = path.join(dir, `lease_${m.name}.ts`);
-  const text = mutate(source, m);
-  // Leave an identical file alone: a running test may be importing it.
-  if (!fs.existsSync(file) || fs.readFileSync(file, "utf8") !== text) {
-    fs.writeFileSync(file, text);
+  const dir = path.join(ROOT, "sim", ".mutants", m.name);
+  fs.mkdirSync(path.join(dir, "lease"), { recursive: true });
+  for (const [rel, text] of mutate(readSources(), m)) {
+    const file = path.join(dir, rel);
+    // Leave an identical file alone: a running test may be importing it.
+    if (!fs.existsSync(file) || fs.readFileSync(file, "utf8") !== text) {
+      fs.writeFileSync(file, text);
+    }
   }
-  return file;
+  return path.join(dir, "lease.ts");
 }
 
 /**

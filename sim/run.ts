@@ -6,7 +6,7 @@
  * deno run -A sim/run.ts --seconds 60 --from 5000
  * deno run -A sim/run.ts --trace 1234             # one history, its full trace
  * deno run -A sim/run.ts --reduce 1234            # the failure with fewest faults
- * deno run -A sim/run.ts --lease sim/.mutants/lease_x.ts --seeds 500
+ * deno run -A sim/run.ts --lease sim/.mutants/x/lease.ts --seeds 500
  * deno run -A sim/run.ts --mutant 1 --seeds 10000 # a mutant, to its first failure
  * deno run -A sim/run.ts --mutant 1 --trace 20     # a mutant's history
  * deno run -A sim/run.ts --mutants --seeds 10000  # every mutant: the table
