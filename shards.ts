@@ -9,7 +9,7 @@
  * `release`, `holder`, `holders` to name a count that differs, and the
  * `acquired`, `lost` and `released` events to hand a key on in its grace),
  * so it adds no protocol: every shard is a lease, and what the
- * safety argument of `lease.ts` says of a lease holds for each shard. Taking
+ * safety argument of `lease/manager.ts` says of a lease holds for each shard. Taking
  * the manager as an argument rather than adding a method keeps `lease.ts`
  * (the protocol core) from growing for a recipe, and lets any object that
  * implements the interface (a test double, a wrapper) drive it.

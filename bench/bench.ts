@@ -256,7 +256,7 @@ export interface BenchReport {
   };
   runtime: { name: "deno" | "bun" | "node"; version: string };
   server: { version: string; storage: "file"; replicas: 1 };
-  /** First 12 hex digits of the SHA-256 of the lease.ts measured. */
+  /** First 12 hex digits of the SHA-256 of the lease module measured (`lease.ts`, then `lease/*.ts` by name). */
   leaseSha256: string;
   runs: number;
   latency: null | {
@@ -1256,9 +1256,7 @@ export async function runBench(
     },
     runtime: runtime(),
     server: { version: "", storage: "file", replicas: 1 },
-    leaseSha256: createHash("sha256").update(
-      fs.readFileSync(new URL("../lease.ts", import.meta.url)),
-    ).digest("hex").slice(0, 12),
+    leaseSha256: leaseModuleHash(),
     runs: cfg.runs,
     latency: null,
     throughput: null,
@@ -1830,3 +1828,14 @@ async function main(argv: string[]): Promise<void> {
 }
 
 if (import.meta.main) await main(process.argv.slice(2));
+
+/** Hashes `lease.ts` and the files of `lease/`, in name order. */
+function leaseModuleHash(): string {
+  const hash = createHash("sha256");
+  const dir = new URL("../lease/", import.meta.url);
+  hash.update(fs.readFileSync(new URL("../lease.ts", import.meta.url)));
+  for (const name of fs.readdirSync(dir).sort()) {
+    if (name.endsWith(".ts")) hash.update(fs.readFileSync(new URL(name, dir)));
+  }
+  return hash.digest("hex").slice(0, 12);
+}

@@ -5,7 +5,7 @@ import { raceAbort } from "./_async.ts";
 // ---------------------------------------------------------------------------
 // The production port: nats.js, `performance.now()` and `setTimeout`.
 
-export const decoder = new TextDecoder();
+export const decoder: TextDecoder = new TextDecoder();
 
 /** The revision the server names in a "wrong last sequence: N" rejection. */
 export function conflictRevision(err: unknown): number | undefined {

@@ -3,9 +3,9 @@ import type { RawEntry } from "./port.ts";
 // ---------------------------------------------------------------------------
 // What an entry says.
 
-export const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
+export const KEY_RE: RegExp = /^[-/=\w]+(\.[-/=\w]+)*$/;
 
-export const encoder = new TextEncoder();
+export const encoder: TextEncoder = new TextEncoder();
 
 /** Our tag: `lease:<instance>:<epoch>:<counter>`; epoch 0 on an acquire. */
 const TAG_RE = /^lease:([^:]+):(\d+):(\d+)$/;

@@ -3,9 +3,9 @@ import { KEY_RE } from "./entry.ts";
 // ---------------------------------------------------------------------------
 // Input checks: every one runs before anything is sent to the server.
 
-export const BUCKET_RE = /^[-\w]+$/;
+export const BUCKET_RE: RegExp = /^[-\w]+$/;
 /** A JetStream domain: one subject token. */
-export const DOMAIN_RE = /^[^\s.*>]+$/;
+export const DOMAIN_RE: RegExp = /^[^\s.*>]+$/;
 
 export function describe(value: unknown): string {
   if (typeof value === "string") return JSON.stringify(value);

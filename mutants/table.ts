@@ -613,8 +613,8 @@ export const MUTANTS: readonly Mutant[] = [
   {
     id: "IN2",
     file: "lease/entry.ts",
-    find: `const KEY_RE = /^[-/=\\w]+(\\.[-/=\\w]+)*$/;`,
-    replace: `const KEY_RE = /^[-/=\\w]+(\\.[-/=\\w]*)*$/;`,
+    find: `const KEY_RE: RegExp = /^[-/=\\w]+(\\.[-/=\\w]+)*$/;`,
+    replace: `const KEY_RE: RegExp = /^[-/=\\w]+(\\.[-/=\\w]*)*$/;`,
     test: "lease_test.ts",
     name: "reject key",
     what: "a key with an empty token ('a.', 'a..b') is taken",
@@ -622,8 +622,8 @@ export const MUTANTS: readonly Mutant[] = [
   {
     id: "IN3",
     file: "lease/input.ts",
-    find: `const DOMAIN_RE = /^[^\\s.*>]+$/;`,
-    replace: `const DOMAIN_RE = /^[^\\s*>]+$/;`,
+    find: `const DOMAIN_RE: RegExp = /^[^\\s.*>]+$/;`,
+    replace: `const DOMAIN_RE: RegExp = /^[^\\s*>]+$/;`,
     test: "lease_test.ts",
     name: "rejects domain with a dot",
     what: "a domain of two subject tokens is taken",

@@ -52,13 +52,15 @@ pkg="$work/package"
 mkdir -p "$pkg" "$root/dist"
 
 # package.json: name and version from deno.json; dependencies are the
-# @nats-io packages lease.ts imports, with deno.json's ranges.
+# @nats-io packages lease.ts and lease/ import, with deno.json's ranges.
 "$node" --input-type=module - "$root" "$pkg" <<'EOF'
 import * as fs from "node:fs";
 import * as path from "node:path";
 const [root, pkg] = process.argv.slice(2);
 const deno = JSON.parse(fs.readFileSync(path.join(root, "deno.json"), "utf8"));
-const source = fs.readFileSync(path.join(root, "lease.ts"), "utf8");
+const source = ["lease.ts", ...fs.readdirSync(path.join(root, "lease"))
+  .filter((f) => f.endsWith(".ts")).map((f) => `lease/${f}`)]
+  .map((f) => fs.readFileSync(path.join(root, f), "utf8")).join("\n");
 const used = new Set(
   [...source.matchAll(/from "(@nats-io\/[^"]+)"/g)].map((m) => m[1]),
 );
@@ -83,7 +85,7 @@ fs.writeFileSync(
         ".": { types: "./mod.d.ts", default: "./mod.js" },
         "./otel": { types: "./otel.d.ts", default: "./otel.js" },
       },
-      files: ["*.js", "*.d.ts", "README.md", "LICENSE"],
+      files: ["*.js", "*.d.ts", "lease/*.js", "lease/*.d.ts", "README.md", "LICENSE"],
       engines: { node: ">=20" },
       dependencies,
       // Only ./otel imports it, and an application that measures has its

@@ -25,7 +25,7 @@
  *   then every message the leader appends on the subject, each one
  *   one-way delay later and in order (an expiry without a marker sends
  *   nothing).
- * - **Like the production port** (`natsPort` in `../lease.ts`): after a
+ * - **Like the production port** (`natsPort` in `../lease/nats_port.ts`): after a
  *   request went unanswered, the next successful write is returned only
  *   after a stream-info round trip shows the stream is the incarnation the
  *   manager started on (else `BucketGone`).
