@@ -356,7 +356,7 @@ describe("the marker proof on the simulated port", () => {
           "m1",
           1,
           0,
-          lib.BucketGone,
+          lib,
           1000,
         );
         const { markerLife: _, ...bare } = node.port;

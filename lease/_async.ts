@@ -1,3 +1,5 @@
+// Promise helpers of the protocol core: no clock, no timer.
+
 export function abortReason(signal: AbortSignal): unknown {
   return signal.reason ?? new DOMException("aborted", "AbortError");
 }
@@ -12,21 +14,4 @@ export function raceAbort<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
       signal.removeEventListener("abort", onAbort)
     );
   });
-}
-
-/** Resolves like `p`, or rejects with a timeout error after `ms`. */
-export function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  return Promise.race([
-    p,
-    new Promise<never>((_, reject) => {
-      timer = setTimeout(
-        () =>
-          reject(
-            new Error(`${what} got no answer within ${Math.round(ms)} ms`),
-          ),
-        Math.max(0, ms),
-      );
-    }),
-  ]).finally(() => clearTimeout(timer));
 }

@@ -2,8 +2,8 @@ import { TimeoutError } from "@nats-io/nats-core";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { raceAbort } from "./_async.ts";
 
-// ---------------------------------------------------------------------------
-// The production port: nats.js, `performance.now()` and `setTimeout`.
+// What nats.js's answers and errors mean, and the timeouts and retries of
+// set-up and the production port (real time: never imported by the core).
 
 export const decoder: TextDecoder = new TextDecoder();
 
@@ -92,4 +92,21 @@ export function isNoResponders(err: unknown): boolean {
     }
   }
   return false;
+}
+
+/** Resolves like `p`, or rejects with a timeout error after `ms`. */
+export function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  return Promise.race([
+    p,
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () =>
+          reject(
+            new Error(`${what} got no answer within ${Math.round(ms)} ms`),
+          ),
+        Math.max(0, ms),
+      );
+    }),
+  ]).finally(() => clearTimeout(timer));
 }

@@ -20,12 +20,12 @@ import {
   type StoredMsg,
   type StreamInfo,
 } from "@nats-io/jetstream";
-import { within } from "./_async.ts";
 import {
   conflictRevision,
   decoder,
   isNoResponders,
   isStreamNotFound,
+  within,
 } from "./_nats.ts";
 import {
   BucketGone,
@@ -41,6 +41,7 @@ import {
   type MarkerProof,
   markersVersion,
 } from "./servers.ts";
+import { ReplyTrust } from "./trust.ts";
 
 // ---------------------------------------------------------------------------
 // The production port: nats.js, `performance.now()` and `setTimeout`.
@@ -362,53 +363,10 @@ export function natsPort(
   markers: MarkerProof,
   late: LatePeers,
 ): Port {
-  // After a request went unanswered, the bucket may have been deleted and
-  // re-created meanwhile, and a new stream can number a key's revisions
-  // just as the old one did, so a CAS on our old revision may succeed
-  // there. A success that arrives while some unanswered request is not yet
-  // covered is trusted only once a stream-info request sent after it shows
-  // the stream we started on. One such check runs at a time, shared by
-  // every success that arrived before it was sent; the successes that come
-  // while it runs share the next one (thousands of leases whose renewals
-  // timed out together must not send thousands of them).
-  //
-  // So may it during a silence: a process paused (or starved) for longer
-  // than a TTL sent nothing and timed nothing out, and the new stream may
-  // have passed our revision, so our renewal fails as if another node had
-  // taken over, and our next acquire would succeed there under a restarted
-  // epoch. An answer that comes more than `silence` ms after the previous
-  // one therefore counts as an unanswered request, once the manager has
-  // written anything (one that never did has no old epoch to go back on, so
-  // a waiter that only watched still takes a released key in one round
-  // trip). Holders renew every TTL/3, so this costs a busy manager nothing;
-  // an idle one pays one stream-info request after each silence.
-  let unanswered = 0;
-  let covered = 0;
-  let lastAnswer = performance.now();
-  let wrote = false;
-  const heard = (applied: boolean): void => {
-    const now = performance.now();
-    if (wrote && now - lastAnswer > silence) unanswered++;
-    lastAnswer = now;
-    if (applied) wrote = true;
-  };
-  const suspect = () => unanswered > covered;
-  let checking: Promise<void> | undefined;
-  let queued: Promise<void> | undefined;
-  const confirmStream = (): Promise<void> => {
-    if (checking === undefined) {
-      const covers = unanswered;
-      checking = checkIdentity().then(() => {
-        covered = Math.max(covered, covers);
-      }).finally(() => checking = undefined);
-      return checking;
-    }
-    // The check running now may have been sent before this success came.
-    return queued ??= checking.catch(() => {}).then(() => {
-      queued = undefined;
-      return confirmStream();
-    });
-  };
+  // Point 7: a success after an unanswered request or a silence counts only
+  // once a stream-info request sent after it shows the stream we started on
+  // (the gate is `ReplyTrust`, which the simulator runs too).
+  const trust = new ReplyTrust(() => performance.now(), silence);
   const checkIdentity = async (): Promise<void> => {
     let si;
     try {
@@ -454,21 +412,13 @@ export function natsPort(
   let lateWatch: { stop(): void } | undefined;
   const inbox = replyInbox(nc);
   inbox.retain();
-  // A success after an unanswered request counts once the stream is
-  // proven the same; an error of that check fails the write as below.
-  const verified = async (res: WriteResult): Promise<WriteResult> => {
-    try {
-      await confirmStream();
-    } catch (err) {
-      return failed(err);
-    }
-    return res;
-  };
-  const failed = async (err: unknown): Promise<WriteResult> => {
+  // A request that failed, or whose identity check did, as the manager
+  // sees it: `BucketGone` when the stream is gone, else the error.
+  const failed = async (err: unknown): Promise<never> => {
     if (err instanceof BucketGone) throw err;
-    unanswered++;
     return await gone(err);
   };
+  const applied = (res: WriteResult) => "seq" in res;
   return {
     now: () => performance.now(),
     setTimer: (fn, ms) => setTimeout(fn, ms),
@@ -486,18 +436,12 @@ export function natsPort(
         String(req.expect),
       ]);
       if (req.op === "DEL") h.headers.set("KV-Operation", ["DEL"]);
-      return inbox.request(
-        writePrefix + req.subject,
-        req.value,
-        h,
-        req.timeout,
-      ).then(
-        (res) => {
-          heard("seq" in res);
-          return suspect() && "seq" in res ? verified(res) : res;
-        },
-        failed,
-      );
+      return trust.settle(
+        inbox.request(writePrefix + req.subject, req.value, h, req.timeout),
+        applied,
+        applied,
+        checkIdentity,
+      ).catch(failed);
     },
     read,
     watch(subject, onEntry, onGone) {
@@ -573,19 +517,16 @@ export function natsPort(
     const q = query.seq === undefined
       ? { last_by_subj: subject }
       : { seq: query.seq };
-    let sm: StoredMsg | null;
-    try {
-      // A Direct Get may be answered by any replica, which may lag; the
-      // MSG.GET API is answered by the stream leader only.
-      sm = direct && !query.leader
-        ? await jsm.direct.getMessage(stream, q)
-        : await jsm.streams.getMessage(stream, q);
-    } catch (err) {
-      unanswered++;
-      return await gone(err);
-    }
-    heard(false);
-    if (suspect()) await confirmStream();
+    // A Direct Get may be answered by any replica, which may lag; the
+    // MSG.GET API is answered by the stream leader only.
+    const sm: StoredMsg | null = await trust.settle(
+      direct && !query.leader
+        ? jsm.direct.getMessage(stream, q)
+        : jsm.streams.getMessage(stream, q),
+      () => false,
+      () => true,
+      checkIdentity,
+    ).catch(failed);
     if (!sm || sm.subject !== subject) return null;
     return rawEntry(sm.seq, sm.header, sm.data);
   }

@@ -1,7 +1,6 @@
 import { createInbox, type Msg, type NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StreamInfo } from "@nats-io/jetstream";
-import { within } from "./_async.ts";
-import { isTimeout } from "./_nats.ts";
+import { isTimeout, within } from "./_nats.ts";
 import { errText } from "./errors.ts";
 
 // ---------------------------------------------------------------------------

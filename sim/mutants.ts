@@ -388,7 +388,7 @@ export const MUTANTS: readonly Mutant[] = [
     name: "port_trusts_silence",
     hole: "S1",
     description:
-      "the port trusts an answer that ends a silence longer than the TTL (lease.ts unchanged): a holder paused while the bucket was deleted and re-created acquires in the new one",
+      "the ports' reply gate (lease/trust.ts) trusts an answer that ends a silence longer than the TTL: a holder paused while the bucket was deleted and re-created acquires in the new one",
     expect: "P2",
     // Found at seed 229806 of the general model; every history re-creates.
     focus: {
@@ -397,8 +397,27 @@ export const MUTANTS: readonly Mutant[] = [
       override: { keys: 1, pauseEvery: 1500, guardEvery: 300 },
     },
     seed: 841,
-    edits: [],
-    options: { portSilence: Infinity },
+    edits: [[
+      "    if (this.#wrote && now - this.#lastAnswer > this.#silence) {",
+      `    if (this.#wrote && ${NEVER}) {`,
+    ]],
+  },
+  {
+    name: "gate_skips_identity",
+    hole: "S2",
+    description:
+      "the ports' reply gate (lease/trust.ts) passes a success after an unanswered request without the identity check: a holder whose renewal timed out while the bucket was deleted and re-created goes on in the new one",
+    expect: "P2",
+    focus: {
+      ttls: [1000],
+      recreateChance: 1,
+      override: { keys: 1, pauseEvery: 1500, guardEvery: 300 },
+    },
+    seed: 730,
+    edits: [[
+      "    if (this.suspect && needsCheck(res)) {",
+      `    if (this.suspect && needsCheck(res) && ${NEVER}) {`,
+    ]],
   },
   {
     name: "link_down_ignored",

@@ -57,7 +57,13 @@
  * @module
  */
 
-import type { Port, RawEntry, WriteRequest, WriteResult } from "../lease.ts";
+import type {
+  Port,
+  RawEntry,
+  WriteRequest,
+  WriteResult,
+} from "../lease/port.ts";
+import type { ReplyTrust } from "../lease/trust.ts";
 import type { SimKv, Stored } from "./kv.ts";
 import { keyOf } from "./kv.ts";
 import type { EventKind, Scheduler, SimEvent, Target } from "./scheduler.ts";
@@ -120,6 +126,18 @@ export interface Observed {
 /** The error class the port must reject with when the bucket is gone. */
 export type BucketGoneClass = new (message?: string) => Error;
 
+/**
+ * What a port takes from the lease module under test: its `BucketGone`, and
+ * its reply gate (`lease/trust.ts`), which this port runs as the production
+ * port does, so that a mutant of the gate is a mutant of both.
+ */
+export interface PortParts {
+  /** The class the port rejects with when the bucket is gone. */
+  readonly BucketGone: BucketGoneClass;
+  /** The gate of safety point 7. */
+  readonly ReplyTrust: typeof ReplyTrust;
+}
+
 interface Pending {
   settled: boolean;
   resolve: (v: never) => void;
@@ -178,12 +196,8 @@ export class SimNode implements Target {
   #lastArrival = 0;
   /** The stream incarnation the manager started on. */
   readonly #created: number;
-  /** A request went unanswered since the last identity check (as in natsPort). */
-  #suspect = false;
-  /** A longer gap between two answers also makes it suspect (as in natsPort). */
-  readonly #silence: number;
-  /** Local time of the last answer. */
-  #lastAnswer: number;
+  /** Point 7's gate, the module's own: unanswered requests and silences. */
+  readonly #trust: ReplyTrust;
   #instances = 0;
   readonly #inflight = new Set<Pending>();
   /** Every request the process sent (for P7 and P8): true time, key, kind. */
@@ -210,7 +224,7 @@ export class SimNode implements Target {
    * @param label Its label.
    * @param rate Its clock rate.
    * @param offset Its clock offset.
-   * @param BucketGone The class the port rejects with when the bucket is gone.
+   * @param parts The lease module's `BucketGone` and reply gate.
    * @param silence The gap between answers (ms, its clock) that makes it suspect: the TTL.
    */
   constructor(
@@ -221,7 +235,7 @@ export class SimNode implements Target {
     label: string,
     rate: number,
     offset: number,
-    BucketGone: BucketGoneClass,
+    parts: PortParts,
     silence: number,
   ) {
     this.#sched = sched;
@@ -231,10 +245,9 @@ export class SimNode implements Target {
     this.label = label;
     this.rate = rate;
     this.offset = offset;
-    this.#BucketGone = BucketGone;
+    this.#BucketGone = parts.BucketGone;
     this.#created = kv.incarnation;
-    this.#silence = silence;
-    this.#lastAnswer = this.local();
+    this.#trust = new parts.ReplyTrust(() => this.local(), silence);
     this.#closedPromise = new Promise<void>((r) => this.#closedResolve = r);
     this.port = this.#makePort();
   }
@@ -656,23 +669,6 @@ export class SimNode implements Target {
         `the lease bucket's stream was deleted and re-created (incarnation ${this.#created}, now ${inc})`,
       );
     }
-    this.#suspect = false;
-  }
-
-  /** Whether a write of this process was applied (as natsPort tracks). */
-  #wrote = false;
-
-  /**
-   * An answer came: after a silence longer than a TTL, once a write was
-   * applied, suspect (as natsPort does).
-   */
-  #heard(applied: boolean): void {
-    const now = this.local();
-    if (this.#wrote && now - this.#lastAnswer > this.#silence) {
-      this.#suspect = true;
-    }
-    this.#lastAnswer = now;
-    if (applied) this.#wrote = true;
   }
 
   #makePort(): Port {
@@ -711,9 +707,12 @@ export class SimNode implements Target {
           local: sendLocal,
         });
         const value = new TextDecoder().decode(req.value);
-        let res: WriteResult;
-        try {
-          res = await this.#request<WriteResult>(
+        // Point 7's gate, as the production port runs it: after an
+        // unanswered request or a silence, a success counts only once the
+        // stream is seen to be the one the manager started on.
+        const applied = (r: WriteResult) => "seq" in r;
+        const res = await this.#trust.settle(
+          this.#request<WriteResult>(
             "write",
             key,
             req.timeout,
@@ -747,23 +746,11 @@ export class SimNode implements Target {
               return "seq" in r ? { seq: r.seq } : { conflict: r.conflict };
             },
             req,
-          );
-        } catch (err) {
-          this.#suspect = true;
-          throw err;
-        }
-        this.#heard("seq" in res);
-        // As natsPort does: after an unanswered request, the first success
-        // is trusted only once the stream is seen to be the one the manager
-        // started on.
-        if ("seq" in res && this.#suspect) {
-          try {
-            await this.#checkIdentity(key, req.timeout, begun);
-          } catch (err) {
-            if (!(err instanceof this.#BucketGone)) this.#suspect = true;
-            throw err;
-          }
-        }
+          ),
+          applied,
+          applied,
+          () => this.#checkIdentity(key, req.timeout, begun),
+        );
         heard?.(res);
         return res;
       },
@@ -780,48 +767,39 @@ export class SimNode implements Target {
           query,
           local: this.local(),
         });
-        return this.#request<RawEntry | null>(
-          "read",
-          key,
-          timeout,
-          () => what,
-          () => {
-            const r = kv.read(subject, query.seq, replica);
-            this.#trace.add(
-              sched.now,
-              key,
-              "server",
-              () =>
-                `${this.label} ${what}${
-                  replica > 0
-                    ? ` on replica ${replica} (lag ${kv.cfg.lags[replica]})`
-                    : ""
-                }: ${r === "gone" ? "stream not found" : describeStored(r)}`,
-            );
-            if (r === "gone") return new this.#BucketGone();
-            return r === null ? null : toRaw(r);
-          },
-        ).then(
-          async (entry) => {
-            this.#heard(false);
-            // As natsPort does: a read after an unanswered request is
-            // trusted only once the stream is the one we started on.
-            if (this.#suspect) {
-              try {
-                await this.#checkIdentity(key, timeout, begun);
-              } catch (err) {
-                if (!(err instanceof this.#BucketGone)) this.#suspect = true;
-                throw err;
-              }
-            }
-            heard?.(entry);
-            return entry;
-          },
-          (err) => {
-            this.#suspect = true;
-            throw err;
-          },
-        );
+        // Point 7's gate, as the production port runs it: a read after an
+        // unanswered request or a silence counts only once the stream is the
+        // one we started on.
+        return this.#trust.settle(
+          this.#request<RawEntry | null>(
+            "read",
+            key,
+            timeout,
+            () => what,
+            () => {
+              const r = kv.read(subject, query.seq, replica);
+              this.#trace.add(
+                sched.now,
+                key,
+                "server",
+                () =>
+                  `${this.label} ${what}${
+                    replica > 0
+                      ? ` on replica ${replica} (lag ${kv.cfg.lags[replica]})`
+                      : ""
+                  }: ${r === "gone" ? "stream not found" : describeStored(r)}`,
+              );
+              if (r === "gone") return new this.#BucketGone();
+              return r === null ? null : toRaw(r);
+            },
+          ),
+          () => false,
+          () => true,
+          () => this.#checkIdentity(key, timeout, begun),
+        ).then((entry) => {
+          heard?.(entry);
+          return entry;
+        });
       },
       watch: (subject, onEntry) => this.#watch(subject, onEntry),
       markerLife: (timeout): Promise<number> =>

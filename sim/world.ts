@@ -12,14 +12,9 @@
  * @module
  */
 
-import type {
-  Lease,
-  LeaseManager,
-  ManagerSettings,
-  Port,
-  WriteRequest,
-  WriteResult,
-} from "../lease.ts";
+import type { ManagerSettings } from "../lease/manager.ts";
+import type { Port, WriteRequest, WriteResult } from "../lease/port.ts";
+import type { Lease, LeaseManager } from "../lease/types.ts";
 import {
   type Carried,
   check,
@@ -31,20 +26,18 @@ import {
   type TailResidue,
 } from "./check.ts";
 import { MAX_LOST, SimKv, type Stored } from "./kv.ts";
-import {
-  type BucketGoneClass,
-  type Fate,
-  type Network,
-  SimNode,
-} from "./node.ts";
+import { type Fate, type Network, type PortParts, SimNode } from "./node.ts";
 import { stream } from "./random.ts";
 import { Scheduler } from "./scheduler.ts";
 import { Trace } from "./trace.ts";
 
-/** What the simulator needs of a lease module (`../lease.ts` or a mutant of it). */
-export interface LeaseModule {
+/**
+ * What the simulator needs of a lease module (`../lease/` or a mutant's copy
+ * of it): the protocol core, and the parts of a port that production and the
+ * simulator share.
+ */
+export interface LeaseModule extends PortParts {
   managerOnPort(port: Port, settings: ManagerSettings): LeaseManager;
-  BucketGone: BucketGoneClass;
 }
 
 /** How a guarded write behaves. */
@@ -838,7 +831,7 @@ export async function runHistory(
       label,
       rate,
       rClock.between(0, 1e6),
-      lib.BucketGone,
+      lib,
       plan.portSilence,
     );
     nodes.set(label, node);
