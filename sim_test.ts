@@ -436,10 +436,10 @@ describe("runHistory()", () => {
     // Seeds of the leaf focus (a restart in every history, leaf clients in
     // every history) where the restart took a leaf client's entry or its
     // last acknowledged put: its renewal is then answered with no entry at
-    // all (12, 24), or with a revision below its own (1, 28), or another
+    // all (12, 23), or with a revision below its own (1, 28), or another
     // holder's entry is found first (10, 37).
     let cuts = 0, empty = 0, below = 0, ended = 0;
-    for (const seed of [1, 10, 12, 24, 28, 37]) {
+    for (const seed of [1, 10, 12, 23, 28, 37]) {
       const r = await runHistory(seed, lib, {
         restartChance: 1,
         leafChance: 1,

@@ -299,19 +299,30 @@ export interface MarkerProof {
 /**
  * The marker life a stream's configuration gives: the max age when the
  * marker TTL is longer (the max-age path, never early), else the marker
- * TTL in whole seconds less a margin; 0 without markers.
+ * TTL in whole seconds less a margin; 0 without markers. The simulator's
+ * bucket proves its markers with this same rule.
+ *
+ * @param markerTtlMs The stream's subject delete marker TTL, in ms (0: none).
+ * @param maxAgeMs The stream's max age, in ms (0: none).
+ * @returns The marker life, in ms.
  */
+export function markerLifeOf(markerTtlMs: number, maxAgeMs: number): number {
+  const markerMs = Math.floor(markerTtlMs / 1000) * 1000;
+  if (!(markerMs > 0) || !(maxAgeMs > 0)) return 0;
+  const life = markerMs > maxAgeMs ? maxAgeMs : markerMs - MARKER_EARLY_MARGIN;
+  return life > 0 ? life : 0;
+}
+
+/** {@linkcode markerLifeOf} for a stream's configuration, as stream info gives it. */
 function configuredMarkerLife(info: StreamInfo): number {
   const cfg = info.config as {
     max_age?: number;
     subject_delete_marker_ttl?: number;
   };
-  const markerMs = Math.floor((cfg.subject_delete_marker_ttl ?? 0) / 1e9) *
-    1000;
-  const maxAge = (cfg.max_age ?? 0) / 1e6;
-  if (!(markerMs > 0) || !(maxAge > 0)) return 0;
-  const life = markerMs > maxAge ? maxAge : markerMs - MARKER_EARLY_MARGIN;
-  return life > 0 ? life : 0;
+  return markerLifeOf(
+    (cfg.subject_delete_marker_ttl ?? 0) / 1e6,
+    (cfg.max_age ?? 0) / 1e6,
+  );
 }
 
 /** The servers stream info names as holding the stream. */

@@ -54,6 +54,7 @@
  * @module
  */
 
+import { markerLifeOf } from "../lease/servers.ts";
 import type { Scheduler } from "./scheduler.ts";
 import type { Trace } from "./trace.ts";
 
@@ -199,17 +200,14 @@ export class SimKv {
   }
 
   /**
-   * What a stream-info request answered now proves, as `natsPort` computes
-   * it: the max age when the marker TTL outlasts it, else the marker TTL in
-   * whole seconds less 50 ms; 0 without markers or on a rolled-back server
-   * (its configuration shows none, and its version is too old).
+   * What a stream-info request answered now proves, by the production rule
+   * (`markerLifeOf` in `lease/servers.ts`); 0 without markers or on a
+   * rolled-back server (its configuration shows none, and its version is
+   * too old).
    */
   provenMarkerLife(): number {
     if (this.rolledBack || !this.markers) return 0;
-    const markerMs = Math.floor(this.markerTTL / 1000) * 1000;
-    if (markerMs <= 0) return 0;
-    const life = markerMs > this.cfg.maxAge ? this.cfg.maxAge : markerMs - 50;
-    return Math.max(0, life);
+    return markerLifeOf(this.markerTTL, this.cfg.maxAge);
   }
 
   /**
