@@ -1,5 +1,5 @@
 import { TimeoutError } from "@nats-io/nats-core";
-import { JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { raceAbort } from "./_async.ts";
 
 // What nats.js's answers and errors mean, and the timeouts and retries of
@@ -11,14 +11,24 @@ export const decoder: TextDecoder = new TextDecoder();
 export function conflictRevision(err: unknown): number | undefined {
   if (
     !(err instanceof JetStreamApiError) ||
-    (err.code !== 10071 && err.code !== 10164)
+    (err.code !== JetStreamApiCodes.StreamWrongLastSequence &&
+      err.code !== JetStreamApiCodes.StreamWrongLastSequenceUnknown)
   ) return undefined;
   const m = /wrong last sequence: (\d+)/.exec(err.message);
   return m ? Number(m[1]) : -1;
 }
 
+/**
+ * The API error "JetStream system temporarily unavailable": a cluster whose
+ * meta group has no leader (an election) answers a JetStream request so;
+ * nats.js's `JetStreamApiCodes` does not name it.
+ */
+export const JS_TEMPORARILY_UNAVAILABLE = 10008;
+
+/** Whether a JetStream API request was refused because the stream does not exist. */
 export function isStreamNotFound(err: unknown): boolean {
-  return err instanceof JetStreamApiError && err.code === 10059;
+  return err instanceof JetStreamApiError &&
+    err.code === JetStreamApiCodes.StreamNotFound;
 }
 
 /**
@@ -63,7 +73,7 @@ export async function whileLeaderless<T>(
       return await request(timeout);
     } catch (err) {
       const leaderless = err instanceof JetStreamApiError &&
-        err.code === 10008;
+        err.code === JS_TEMPORARILY_UNAVAILABLE;
       const again = leaderless || isTimeout(err);
       if (!again || performance.now() + pause >= deadline) throw err;
       if (isTimeout(err)) timeout = Math.min(2 * timeout, attempts.most);

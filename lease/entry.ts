@@ -7,6 +7,19 @@ export const KEY_RE: RegExp = /^[-/=\w]+(\.[-/=\w]+)*$/;
 
 export const encoder: TextEncoder = new TextEncoder();
 
+/**
+ * The header a KV delete or purge carries (`DEL`, `PURGE`); nats.js's KV
+ * does not export its name.
+ */
+export const KV_OPERATION_HDR = "KV-Operation";
+
+/**
+ * The header of a delete marker the server writes when an entry expires or
+ * is removed (`MaxAge`, `Remove`, `Purge`; nats-server 2.11+); nats.js does
+ * not name it.
+ */
+export const MARKER_REASON_HDR = "Nats-Marker-Reason";
+
 /** Our tag: `lease:<instance>:<epoch>:<counter>`; epoch 0 on an acquire. */
 const TAG_RE = /^lease:([^:]+):(\d+):(\d+)$/;
 

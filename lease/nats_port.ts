@@ -17,6 +17,7 @@ import {
   JetStreamApiError,
   type JetStreamClient,
   type JetStreamManager,
+  PubHeaders,
   type StoredMsg,
   type StreamInfo,
 } from "@nats-io/jetstream";
@@ -42,6 +43,7 @@ import {
   markersVersion,
 } from "./servers.ts";
 import { ReplyTrust } from "./trust.ts";
+import { KV_OPERATION_HDR, MARKER_REASON_HDR } from "./entry.ts";
 
 // ---------------------------------------------------------------------------
 // The production port: nats.js, `performance.now()` and `setTimeout`.
@@ -431,11 +433,11 @@ export function natsPort(
       // and value (in Bun a sixth of a renewal's CPU), and these are ours:
       // canonical names, values that cannot hold CR or LF.
       const h = new MsgHdrsImpl();
-      h.headers.set("Nats-Msg-Id", [req.msgId]);
-      h.headers.set("Nats-Expected-Last-Subject-Sequence", [
+      h.headers.set(PubHeaders.MsgIdHdr, [req.msgId]);
+      h.headers.set(PubHeaders.ExpectedLastSubjectSequenceHdr, [
         String(req.expect),
       ]);
-      if (req.op === "DEL") h.headers.set("KV-Operation", ["DEL"]);
+      if (req.op === "DEL") h.headers.set(KV_OPERATION_HDR, ["DEL"]);
       return trust.settle(
         inbox.request(writePrefix + req.subject, req.value, h, req.timeout),
         applied,
@@ -573,12 +575,12 @@ function rawEntry(
   h: MsgHdrs | undefined,
   data: Uint8Array,
 ): RawEntry {
-  const op = h?.get("KV-Operation");
+  const op = h?.get(KV_OPERATION_HDR);
   return {
     seq,
     operation: op === "DEL" || op === "PURGE" ? op : undefined,
-    marker: h?.get("Nats-Marker-Reason") || undefined,
-    msgId: h?.get("Nats-Msg-Id") || undefined,
+    marker: h?.get(MARKER_REASON_HDR) || undefined,
+    msgId: h?.get(PubHeaders.MsgIdHdr) || undefined,
     value: decoder.decode(data),
   };
 }
