@@ -8,6 +8,21 @@
  * @module
  */
 
+// The module's files, from the seam outwards:
+// - lease/port.ts      the seam: what the core needs of the world (`Port`);
+// - lease/manager.ts   the protocol core (`Manager`), with the numbered safety
+//                      argument at its head; lease/state.ts its per-key state;
+// - lease/entry.ts     the wire format of an entry (key, tag, headers);
+// - lease/types.ts, lease/events.ts, lease/errors.ts   the public contract;
+// - lease/input.ts     input checks, run before anything is sent;
+// - lease/trust.ts     point 7's reply gate, run by both ports;
+// - lease/nats_port.ts the production port over nats.js;
+// - lease/servers.ts   server versions, stream peers and marker life;
+// - lease/_nats.ts, lease/_async.ts   small helpers of the two sides.
+// The core (manager.ts and what it imports) reads no clock, timer or random
+// source and imports no runtime or transport module; layering_test.ts holds
+// it to that.
+
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
   jetstream,
