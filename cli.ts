@@ -16,49 +16,12 @@
  */
 
 import process from "node:process";
-import { type ChildProcess, spawn } from "node:child_process";
-import * as os from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
-import { connect } from "@nats-io/transport-node";
-import type { NatsConnection } from "@nats-io/nats-core";
-import { Kvm } from "@nats-io/kv";
-import {
-  jetstream,
-  JetStreamApiCodes,
-  JetStreamApiError,
-} from "@nats-io/jetstream";
-import { type KeyRow, type KeysWatch, listKeys, watchKeys } from "./cli_ls.ts";
-import {
-  cgroupProcs,
-  freezeCgroup,
-  makeCgroup,
-  removeCgroup,
-  signalCgroup,
-} from "./cli_cgroup.ts";
-import {
-  createLeaseManager,
-  type GuardOptions,
-  type Holder,
-  type Lease,
-  type LeaseAcquiredEvent,
-  type LeaseManager,
-  MIN_TTL,
-  NotHolderError,
-  UnavailableError,
-} from "./lease.ts";
-import {
-  LimitMismatchError,
-  MAX_SEMAPHORE_LIMIT,
-  semaphore,
-} from "./semaphore.ts";
-import {
-  assignShards,
-  DEFAULT_MAX_MEMBERS,
-  MAX_SHARDS,
-  memberKey,
-  shardKey,
-} from "./shards.ts";
+import { main } from "./cli/main.ts";
+
+export { EXIT } from "./cli/exit.ts";
+export { main };
 
 // Run as a program (not imported): Deno and Bun say so; Node 24 by argv.
 const meta = import.meta as { main?: boolean };

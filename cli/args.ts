@@ -1,7 +1,14 @@
-/** How long `lease release` keeps trying while the holder keeps renewing. */
-const RELEASE_BOUND_MS = 5_000;
+import process from "node:process";
+import * as os from "node:os";
+import { MIN_TTL } from "../lease.ts";
+import { MAX_SEMAPHORE_LIMIT } from "../semaphore.ts";
+import { DEFAULT_MAX_MEMBERS, MAX_SHARDS } from "../shards.ts";
+import { EXIT } from "./exit.ts";
 
-type Sub = "run" | "holder" | "watch" | "ls" | "release" | "shards";
+/** How long `lease release` keeps trying while the holder keeps renewing. */
+export const RELEASE_BOUND_MS = 5_000;
+
+export type Sub = "run" | "holder" | "watch" | "ls" | "release" | "shards";
 const SUBS: readonly Sub[] = [
   "run",
   "holder",
@@ -11,7 +18,7 @@ const SUBS: readonly Sub[] = [
   "shards",
 ];
 
-function isSub(word: string | undefined): word is Sub {
+export function isSub(word: string | undefined): word is Sub {
   return (SUBS as readonly (string | undefined)[]).includes(word);
 }
 
@@ -298,7 +305,7 @@ function synopsis(sub: Sub, brief: boolean): string {
  * --help) also what it does; without (after a mistake) its synopsis and
  * options only.
  */
-function usage(sub: Sub | "", full: boolean): string {
+export function usage(sub: Sub | "", full: boolean): string {
   if (sub === "") {
     const lines = SUBS.map((s) => [synopsis(s, true), SUBCOMMANDS[s].summary]);
     const width = Math.max(...lines.map(([l]) => l!.length)) + 3;
@@ -328,7 +335,7 @@ function usage(sub: Sub | "", full: boolean): string {
 
 const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
 
-class UsageError extends Error {
+export class UsageError extends Error {
   override name = "UsageError";
   readonly code: number;
   /** Whose usage to print after the message: lease's (""), or none (null). */
@@ -344,7 +351,7 @@ class UsageError extends Error {
   }
 }
 
-interface Args {
+export interface Args {
   count: number;
   maxMembers: number;
   sub: string;
@@ -395,7 +402,7 @@ function shellLine(words: readonly string[]): string {
 }
 
 /** Parses the command line; throws {@linkcode UsageError} on bad input. */
-function parse(argv: string[]): Args {
+export function parse(argv: string[]): Args {
   const dash = argv.indexOf("--");
   const own = dash < 0 ? argv : argv.slice(0, dash);
   const command = dash < 0 ? [] : argv.slice(dash + 1);

@@ -1,8 +1,24 @@
-class NoServerError extends Error {
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
+import {
+  jetstream,
+  JetStreamApiCodes,
+  JetStreamApiError,
+} from "@nats-io/jetstream";
+import {
+  createLeaseManager,
+  type LeaseManager,
+  MIN_TTL,
+  UnavailableError,
+} from "../lease.ts";
+import { type Args, UsageError } from "./args.ts";
+
+export class NoServerError extends Error {
   override name = "NoServerError";
 }
 
-async function dial(a: Args): Promise<NatsConnection> {
+export async function dial(a: Args): Promise<NatsConnection> {
   try {
     return await connect({
       servers: a.servers,
@@ -16,7 +32,7 @@ async function dial(a: Args): Promise<NatsConnection> {
   }
 }
 
-async function open(
+export async function open(
   a: Args,
   opts: { createBucket: boolean; node?: string },
 ): Promise<{ nc: NatsConnection; leases: LeaseManager }> {
@@ -56,18 +72,18 @@ async function bucketTtl(
 }
 
 /** A KV manager whose requests go to `--domain`, when given. */
-function kvm(nc: NatsConnection, a: Args): Kvm {
+export function kvm(nc: NatsConnection, a: Args): Kvm {
   return new Kvm(
     a.domain === undefined ? nc : jetstream(nc, { domain: a.domain }),
   );
 }
 
-function isStreamNotFound(err: unknown): boolean {
+export function isStreamNotFound(err: unknown): boolean {
   return err instanceof JetStreamApiError &&
     err.code === JetStreamApiCodes.StreamNotFound;
 }
 
-function noBucket(a: Args): UnavailableError {
+export function noBucket(a: Args): UnavailableError {
   return new UnavailableError(
     a.key,
     `bucket '${a.bucket}' does not exist on ${a.servers.join(",")}${
@@ -127,7 +143,7 @@ async function openFailure(
 }
 
 /** A bucket's refusal, worded for the command line. */
-function bucketFailure(a: Args, err: unknown): unknown {
+export function bucketFailure(a: Args, err: unknown): unknown {
   if (isStreamNotFound(err)) return noBucket(a);
   if (err instanceof JetStreamApiError) {
     return new UnavailableError(a.key, err.message, { cause: err });

@@ -1,3 +1,5 @@
+import process from "node:process";
+
 /**
  * The exit statuses of `lease` itself (BSD sysexits where one fits).
  *
@@ -50,6 +52,6 @@ export const EXIT: {
   LIMIT_MISMATCH: 76,
 };
 
-function say(line: string): void {
+export function say(line: string): void {
   process.stderr.write(`lease: ${line}\n`);
 }

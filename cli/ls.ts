@@ -1,7 +1,7 @@
 /**
  * `lease ls` and the prefix/bucket-wide `lease watch`: every key's last
  * entry in one pass of a consumer over the bucket's stream (last message
- * per subject), never one read per key. Used by cli.ts.
+ * per subject), never one read per key. Used by cli/views.ts.
  *
  * A KV `watch()` would hide the headers that tell a lease manager's clean
  * release (a delete tagged with its `Nats-Msg-Id`) from anyone else's delete,

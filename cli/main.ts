@@ -1,3 +1,13 @@
+import process from "node:process";
+import { UnavailableError } from "../lease.ts";
+import { LimitMismatchError } from "../semaphore.ts";
+import { type Args, isSub, parse, usage, UsageError } from "./args.ts";
+import { NoServerError } from "./connect.ts";
+import { EXIT, say } from "./exit.ts";
+import { release } from "./release.ts";
+import { run } from "./run.ts";
+import { holder, ls, shardsView, watch, watchMany } from "./views.ts";
+
 /**
  * Runs the `lease` command with `argv` (without the runtime and script) and
  * resolves with its exit status. Prints to stdout and stderr.

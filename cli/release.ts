@@ -1,4 +1,10 @@
-async function release(a: Args): Promise<number> {
+import { JetStreamApiError } from "@nats-io/jetstream";
+import { UnavailableError } from "../lease.ts";
+import { type Args, RELEASE_BOUND_MS } from "./args.ts";
+import { dial, isStreamNotFound, kvm, noBucket } from "./connect.ts";
+import { EXIT, say } from "./exit.ts";
+
+export async function release(a: Args): Promise<number> {
   const nc = await dial(a);
   try {
     const kv = await kvm(nc, a).open(a.bucket).catch((err) => {

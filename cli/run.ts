@@ -1,3 +1,28 @@
+import process from "node:process";
+import { type ChildProcess, spawn } from "node:child_process";
+import * as os from "node:os";
+import { fileURLToPath } from "node:url";
+import {
+  cgroupProcs,
+  freezeCgroup,
+  makeCgroup,
+  removeCgroup,
+  signalCgroup,
+} from "./cgroup.ts";
+import {
+  type GuardOptions,
+  type Holder,
+  type Lease,
+  type LeaseAcquiredEvent,
+  type LeaseManager,
+  NotHolderError,
+  UnavailableError,
+} from "../lease.ts";
+import { semaphore } from "../semaphore.ts";
+import { type Args, UsageError } from "./args.ts";
+import { open } from "./connect.ts";
+import { EXIT, say } from "./exit.ts";
+
 type Sig = "SIGINT" | "SIGTERM" | "SIGKILL";
 
 /** Kills a process group; false when it is gone. */
@@ -63,7 +88,7 @@ interface Watchdog {
 }
 
 /**
- * Starts cli_watchdog.ts under this runtime, in a process group of its own
+ * Starts cli/watchdog.ts under this runtime, in a process group of its own
  * (so a signal to ours or to the command's does not reach it), and resolves
  * once it says "ready": a watchdog that cannot load its module (a path that
  * does not resolve offline, a compiled binary without it) would otherwise
@@ -75,7 +100,7 @@ async function startWatchdog(
   killAfter: number,
   contain: boolean,
 ): Promise<Watchdog> {
-  const file = import.meta.resolve("./cli_watchdog.ts");
+  const file = import.meta.resolve("./watchdog.ts");
   const script = file.startsWith("file:") ? fileURLToPath(file) : file;
   // Deno lets a program touch /sys (the cgroup of --contain) only with
   // every permission.
@@ -175,7 +200,7 @@ async function startWatchdog(
   };
 }
 
-async function run(a: Args): Promise<number> {
+export async function run(a: Args): Promise<number> {
   const { nc, leases } = await open(a, { createBucket: true });
   const killAfter = a.killAfter ?? Math.floor(leases.ttl / 4);
   if (killAfter >= leases.ttl) {

@@ -1,3 +1,10 @@
+import process from "node:process";
+import { type KeyRow, type KeysWatch, listKeys, watchKeys } from "./ls.ts";
+import { UnavailableError } from "../lease.ts";
+import { assignShards, memberKey, shardKey } from "../shards.ts";
+import type { Args } from "./args.ts";
+import { bucketFailure, dial, open } from "./connect.ts";
+
 function holderLine(
   a: Args,
   h: { node: string; epoch: number } | null,
@@ -6,7 +13,7 @@ function holderLine(
   return h === null ? `${a.key}: none` : `${a.key}: ${h.node} epoch ${h.epoch}`;
 }
 
-async function holder(a: Args): Promise<number> {
+export async function holder(a: Args): Promise<number> {
   const { nc, leases } = await open(a, {
     createBucket: false,
     node: `lease-cli-${process.pid}`,
@@ -20,7 +27,7 @@ async function holder(a: Args): Promise<number> {
   }
 }
 
-async function watch(a: Args): Promise<number> {
+export async function watch(a: Args): Promise<number> {
   const { nc, leases } = await open(a, {
     createBucket: false,
     node: `lease-cli-${process.pid}`,
@@ -64,7 +71,7 @@ function ago(ms: number): string {
 }
 
 /** `lease ls`: every key (below --prefix), one pass over the stream. */
-async function ls(a: Args): Promise<number> {
+export async function ls(a: Args): Promise<number> {
   const nc = await dial(a);
   try {
     let rows: KeyRow[];
@@ -117,7 +124,7 @@ async function ls(a: Args): Promise<number> {
 }
 
 /** `lease watch --prefix P` / `--all`: a line per key, then per change. */
-async function watchMany(a: Args): Promise<number> {
+export async function watchMany(a: Args): Promise<number> {
   const nc = await dial(a);
   const stop = new AbortController();
   const onSig = () => stop.abort();
@@ -174,7 +181,7 @@ async function watchMany(a: Args): Promise<number> {
 }
 
 /** `lease shards`: the members, then each shard's holder and target. */
-async function shardsView(a: Args): Promise<number> {
+export async function shardsView(a: Args): Promise<number> {
   const { nc, leases } = await open(a, {
     createBucket: false,
     node: `lease-cli-${process.pid}`,
