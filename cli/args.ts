@@ -1,3 +1,12 @@
+/**
+ * The command line of `lease`: its options (one table, the source of the
+ * parser's flags and of every usage text), the subcommands' help, and the
+ * parser. A mistake is a {@linkcode UsageError} carrying its exit status,
+ * thrown before anything connects.
+ *
+ * @module
+ */
+
 import process from "node:process";
 import * as os from "node:os";
 import { MIN_TTL } from "../lease.ts";
@@ -8,6 +17,7 @@ import { EXIT } from "./exit.ts";
 /** How long `lease release` keeps trying while the holder keeps renewing. */
 export const RELEASE_BOUND_MS = 5_000;
 
+/** A subcommand of `lease`. */
 export type Sub = "run" | "holder" | "watch" | "ls" | "release" | "shards";
 const SUBS: readonly Sub[] = [
   "run",
@@ -18,6 +28,7 @@ const SUBS: readonly Sub[] = [
   "shards",
 ];
 
+/** Whether `word` names a subcommand. */
 export function isSub(word: string | undefined): word is Sub {
   return (SUBS as readonly (string | undefined)[]).includes(word);
 }
@@ -335,6 +346,10 @@ export function usage(sub: Sub | "", full: boolean): string {
 
 const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
 
+/**
+ * A mistake on the command line (or an option the bucket refuses): its
+ * message, the exit status, and whose usage to print after it.
+ */
 export class UsageError extends Error {
   override name = "UsageError";
   readonly code: number;
@@ -351,6 +366,7 @@ export class UsageError extends Error {
   }
 }
 
+/** The command line, parsed: the subcommand, its KEY and its options. */
 export interface Args {
   count: number;
   maxMembers: number;

@@ -1,3 +1,11 @@
+/**
+ * Connecting `lease` to its bucket: the connection (retried for ever once
+ * up), the lease manager over it, and the server's refusals worded for the
+ * command line (a missing bucket, another TTL, the override's flag).
+ *
+ * @module
+ */
+
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
@@ -14,10 +22,15 @@ import {
 } from "../lease.ts";
 import { type Args, UsageError } from "./args.ts";
 
+/** No server of `--servers` could be reached (exit 68). */
 export class NoServerError extends Error {
   override name = "NoServerError";
 }
 
+/**
+ * Connects to `--servers`, reconnecting for ever once connected; throws
+ * {@linkcode NoServerError} when none answers.
+ */
 export async function dial(a: Args): Promise<NatsConnection> {
   try {
     return await connect({
@@ -32,6 +45,10 @@ export async function dial(a: Args): Promise<NatsConnection> {
   }
 }
 
+/**
+ * A connection and a lease manager on `--bucket` (created with
+ * `createBucket`); a refusal is thrown worded for the command line.
+ */
 export async function open(
   a: Args,
   opts: { createBucket: boolean; node?: string },
@@ -78,11 +95,13 @@ export function kvm(nc: NatsConnection, a: Args): Kvm {
   );
 }
 
+/** Whether the server says the bucket's stream does not exist. */
 export function isStreamNotFound(err: unknown): boolean {
   return err instanceof JetStreamApiError &&
     err.code === JetStreamApiCodes.StreamNotFound;
 }
 
+/** The error of a subcommand whose bucket does not exist (exit 69). */
 export function noBucket(a: Args): UnavailableError {
   return new UnavailableError(
     a.key,

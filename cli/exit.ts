@@ -1,3 +1,10 @@
+/**
+ * How `lease` ends and what it says: its exit statuses, and its one-line
+ * messages on stderr.
+ *
+ * @module
+ */
+
 import process from "node:process";
 
 /**
@@ -52,6 +59,7 @@ export const EXIT: {
   LIMIT_MISMATCH: 76,
 };
 
+/** Says `line` on stderr, as `lease: LINE`. */
 export function say(line: string): void {
   process.stderr.write(`lease: ${line}\n`);
 }

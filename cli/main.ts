@@ -1,3 +1,10 @@
+/**
+ * The `lease` command's dispatch: parses the command line, runs the
+ * subcommand, and turns each kind of failure into its exit status.
+ *
+ * @module
+ */
+
 import process from "node:process";
 import { UnavailableError } from "../lease.ts";
 import { LimitMismatchError } from "../semaphore.ts";

@@ -1,9 +1,20 @@
+/**
+ * `lease release KEY --node ID`: an operator's eviction of a stuck holder.
+ *
+ * @module
+ */
+
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { UnavailableError } from "../lease.ts";
 import { type Args, RELEASE_BOUND_MS } from "./args.ts";
 import { dial, isStreamNotFound, kvm, noBucket } from "./connect.ts";
 import { EXIT, say } from "./exit.ts";
 
+/**
+ * Deletes KEY's entry only while `--node` holds it, by compare-and-delete on
+ * the entry's revision; resolves 0, or {@linkcode EXIT}'s `NOT_HOLDER` or
+ * `UNAVAILABLE`.
+ */
 export async function release(a: Args): Promise<number> {
   const nc = await dial(a);
   try {

@@ -1,3 +1,13 @@
+/**
+ * `lease run`: runs a command only while holding its key. The command is
+ * stopped when the lease is lost, frozen while the connection is down (point
+ * 10 of the safety argument: a server it comes back to may have lost our
+ * writes), and watched by a watchdog process (cli/watchdog.ts) that stops it
+ * when `lease` itself cannot: killed, paused or frozen.
+ *
+ * @module
+ */
+
 import process from "node:process";
 import { type ChildProcess, spawn } from "node:child_process";
 import * as os from "node:os";
@@ -200,6 +210,11 @@ async function startWatchdog(
   };
 }
 
+/**
+ * `lease run KEY -- CMD`: waits for KEY (or a slot of it, with `-n`), runs
+ * CMD while it holds it, and resolves with CMD's exit status or one of
+ * {@linkcode EXIT}.
+ */
 export async function run(a: Args): Promise<number> {
   const { nc, leases } = await open(a, { createBucket: true });
   const killAfter = a.killAfter ?? Math.floor(leases.ttl / 4);

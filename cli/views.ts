@@ -1,3 +1,11 @@
+/**
+ * The read-only subcommands of `lease`: `holder`, `watch` (one key, or
+ * `--prefix`/`--all`), `ls` and `shards`. They print what they read; none
+ * writes to the bucket.
+ *
+ * @module
+ */
+
 import process from "node:process";
 import { type KeyRow, type KeysWatch, listKeys, watchKeys } from "./ls.ts";
 import { UnavailableError } from "../lease.ts";
@@ -13,6 +21,7 @@ function holderLine(
   return h === null ? `${a.key}: none` : `${a.key}: ${h.node} epoch ${h.epoch}`;
 }
 
+/** `lease holder KEY`: one line, the holder and its epoch or none. */
 export async function holder(a: Args): Promise<number> {
   const { nc, leases } = await open(a, {
     createBucket: false,
@@ -27,6 +36,7 @@ export async function holder(a: Args): Promise<number> {
   }
 }
 
+/** `lease watch KEY`: the holder, then a line per change, until a signal. */
 export async function watch(a: Args): Promise<number> {
   const { nc, leases } = await open(a, {
     createBucket: false,
