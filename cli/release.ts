@@ -4,7 +4,7 @@
  * @module
  */
 
-import { JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { UnavailableError } from "../lease.ts";
 import { type Args, RELEASE_BOUND_MS } from "./args.ts";
 import { dial, isStreamNotFound, kvm, noBucket } from "./connect.ts";
@@ -46,7 +46,8 @@ export async function release(a: Args): Promise<number> {
         await kv.delete(a.key, { previousSeq: e!.revision });
       } catch (err) {
         const raced = err instanceof JetStreamApiError &&
-          (err.code === 10071 || err.code === 10164);
+          (err.code === JetStreamApiCodes.StreamWrongLastSequence ||
+            err.code === JetStreamApiCodes.StreamWrongLastSequenceUnknown);
         if (!raced) throw err;
         if (Date.now() < until) continue;
         say(
