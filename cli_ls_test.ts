@@ -1,6 +1,7 @@
-// Tests of `lease ls` and `lease watch --prefix/--all` (cli.ts, cli_ls.ts)
-// as users run them: real processes of this test's runtime (`deno run -A
-// cli.ts`, `bun cli.ts`, `node cli.ts`) against a real nats-server.
+// Tests of `lease ls` and `lease watch --prefix/--all` (cli/views.ts,
+// cli/ls.ts) as users run them: real processes of this test's runtime
+// (`deno run -A cli.ts`, `bun cli.ts`, `node cli.ts`) against a real
+// nats-server.
 // Runs under `deno test -A`, `bun test` and `node --test`.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -10,7 +11,7 @@ import { headers, type NatsConnection } from "@nats-io/nats-core";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { createLeaseManager, type LeaseManager } from "./mod.ts";
-import { listKeys, rowOf } from "./cli_ls.ts";
+import { listKeys, rowOf } from "./cli/ls.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
 import { type LeaseRun, startLease } from "./test_util/cli_run.ts";

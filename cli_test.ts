@@ -13,7 +13,7 @@ import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
 import { createLeaseManager, NotHolderError } from "./mod.ts";
-import { makeCgroup, removeCgroup } from "./cli_cgroup.ts";
+import { makeCgroup, removeCgroup } from "./cli/cgroup.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 import { sleep, uniq } from "./test_util/lease_helpers.ts";
 
@@ -1008,19 +1008,31 @@ describe("the lease command", () => {
   });
 
   test("lease run never starts the command without a running watchdog: one that cannot load its module makes it exit 70, say so and leave the key free", async () => {
-    // A copy of the command without cli_watchdog.ts beside it, as when the
+    // A copy of the command without cli/watchdog.ts beside it, as when the
     // watchdog's path does not resolve (a compiled binary, JSR offline).
     // Inside the repository, so that its imports still resolve.
     const here = path.dirname(CLI);
     const dir = fs.mkdtempSync(path.join(here, ".tmp-nowatchdog-"));
     try {
-      // Every module of the package but the watchdog.
-      const modules = fs.readdirSync(here).filter((f) =>
+      // Every module of the package (the root's, and those of its module
+      // folders) but the watchdog.
+      const modules = [
+        ...fs.readdirSync(here),
+        ...["cli", "lease"].flatMap((d) =>
+          fs.existsSync(path.join(here, d))
+            ? fs.readdirSync(path.join(here, d)).map((f) => `${d}/${f}`)
+            : []
+        ),
+      ].filter((f) =>
         f.endsWith(".ts") && !f.endsWith("_test.ts") &&
-        f !== "cli_watchdog.ts"
+        f !== "cli/watchdog.ts"
       );
-      assert.ok(modules.includes("cli.ts") && modules.includes("lease.ts"));
+      assert.ok(
+        modules.includes("cli.ts") && modules.includes("cli/run.ts") &&
+          modules.includes("lease.ts"),
+      );
       for (const f of modules) {
+        fs.mkdirSync(path.dirname(path.join(dir, f)), { recursive: true });
         fs.copyFileSync(path.join(here, f), path.join(dir, f));
       }
       const key = uniq("nw");
@@ -1057,7 +1069,7 @@ describe("the lease command", () => {
       "-P",
       String(a.child.pid),
       "-f",
-      "cli_watchdog",
+      "cli/watchdog",
     ], { encoding: "utf8" }).trim().split("\n").filter(Boolean);
     assert.equal(dogs.length, 1, `watchdogs: ${dogs.join(" ")}`);
     process.kill(Number(dogs[0]), "SIGKILL");
@@ -1213,7 +1225,7 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
       "-P",
       String(r.child.pid),
       "-f",
-      "cli_watchdog",
+      "cli/watchdog",
     ], { encoding: "utf8" }).trim().split("\n").filter(Boolean);
     assert.equal(dogs.length, 1, `watchdogs: ${dogs.join(" ")}`);
     return Number(dogs[0]);

@@ -41,10 +41,10 @@ import type { Mutant } from "./table.ts";
 
 /** The independent mutants: ids `I1`, `I2`, ... */
 export const INDEPENDENT: readonly Mutant[] = [
-  // The command (cli.ts).
+  // The command (cli/).
   {
     id: "I1",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: "code ?? 128 + (signal ? osSignal(signal) : 0),",
     replace: "code ?? 128,",
     test: "cli_test.ts",
@@ -54,7 +54,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I2",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: "LEASE_KEY: lease.key,",
     replace: "LEASE_KEY: a.key,",
     test: "cli_test.ts",
@@ -64,7 +64,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I3",
-    file: "cli.ts",
+    file: "cli/release.ts",
     find: "if (node !== a.node) {",
     replace: "if (node === undefined) {",
     test: "cli_test.ts",
@@ -74,7 +74,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I4",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: "if (/^-?\\d+$/.test(line)) unanswered ??= performance.now();",
     replace: "if (/^-?\\d+$/.test(line)) unanswered = performance.now();",
     test: "cli_test.ts",
@@ -84,7 +84,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I5",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: 'stopped === "lost" || stopped === "deadline" ||',
     replace: 'stopped === "lost" ||',
     test: "cli_test.ts",
@@ -92,10 +92,10 @@ export const INDEPENDENT: readonly Mutant[] = [
     what:
       "a command the watchdog stopped at the lease's deadline makes lease exit with the signal's status (143), not --lost-status",
   },
-  // The watchdog (cli_watchdog.ts) and the cgroup (cli_cgroup.ts).
+  // The watchdog (cli/watchdog.ts) and the cgroup (cli/cgroup.ts).
   {
     id: "I6",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: 'lines.on("close", stop);',
     replace: 'lines.on("close", () => process.exit(0));',
     test: "cli_test.ts",
@@ -105,7 +105,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I7",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: "if (alive() && performance.now() < killAt) return;",
     replace: "if (alive() || performance.now() < killAt) return;",
     test: "cli_test.ts",
@@ -115,7 +115,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I8",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: "deadline = setTimeout(stop, Math.max(0, ms));",
     replace: "deadline = setTimeout(stop, Math.max(0, ms) + killAfter);",
     test: "cli_test.ts",
@@ -125,7 +125,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I9",
-    file: "cli_cgroup.ts",
+    file: "cli/cgroup.ts",
     find: ".filter(Boolean).map(Number);",
     replace: ".map(Number);",
     test: "cli_test.ts",
@@ -260,10 +260,10 @@ export const INDEPENDENT: readonly Mutant[] = [
     what:
       "lease.renewal.failures leaves out the 'attributes' option: two managers' failed renewals merge into one series",
   },
-  // `lease ls` and `lease watch --prefix/--all` (cli_ls.ts).
+  // `lease ls` and `lease watch --prefix/--all` (cli/ls.ts).
   {
     id: "I22",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find: "epoch: tagged > 0 ? tagged : m.seq,",
     replace: "epoch: m.seq,",
     test: "cli_ls_test.ts",
@@ -273,7 +273,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I23",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find: "`$KV.${bucket}.${prefix}.>`",
     replace: "`$KV.${bucket}.${prefix}.*`",
     test: "cli_ls_test.ts",
@@ -283,7 +283,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I24",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find: "ttl: Math.round(si.config.max_age / 1_000_000),",
     replace: "ttl: Math.round(si.config.max_age / 1_000),",
     test: "cli_ls_test.ts",
@@ -294,7 +294,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   // Input checks.
   {
     id: "I25",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find:
       "a.ttl !== undefined && a.killAfter !== undefined && a.killAfter >= a.ttl",
     replace:
@@ -306,7 +306,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I26",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find: "!/^\\d+$/.test(v) || a.limit < 1 || a.limit > MAX_SEMAPHORE_LIMIT",
     replace:
       "!/^\\d+$/.test(v) || a.limit < 0 || a.limit > MAX_SEMAPHORE_LIMIT",
@@ -317,7 +317,7 @@ export const INDEPENDENT: readonly Mutant[] = [
   },
   {
     id: "I27",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find:
       "    if (rest.length > 1) {\n      throw fail(\n        `lease ls takes no KEY",
     replace:

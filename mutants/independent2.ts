@@ -10,7 +10,7 @@
  * (79.2 %). No mutant was changed or rerun after it. The survivors, with
  * why the named test misses each:
  *
- * - J1 (cli.ts, lease's own SIGKILL after --kill-after inverted): in the
+ * - J1 (cli/run.ts, lease's own SIGKILL after --kill-after inverted): in the
  *   named eviction test the watchdog is awake, hears the lost lease's
  *   deadline and sends its own SIGTERM and SIGKILL, which covers for
  *   lease's. Tried once by hand afterwards (not by the runner, not
@@ -35,7 +35,7 @@
  *   average under a millisecond, as they evidently did here. A real gap:
  *   no lower bound, or comparison with a measured time, tells the units
  *   apart.
- * - J24 (cli_ls.ts, lease watch compares holders by node without epoch):
+ * - J24 (cli/ls.ts, lease watch compares holders by node without epoch):
  *   the watch test's key goes a, none, b, none; no node takes it back in a
  *   new tenure without a release seen in between (a release the bucket's
  *   history-1 stream never delivered, or an overwrite), which is the only
@@ -68,10 +68,10 @@ import type { Mutant } from "./table.ts";
 
 /** The second independent set, in the form of `table.ts`. */
 export const INDEPENDENT2: readonly Mutant[] = [
-  // The command (cli.ts).
+  // The command (cli/).
   {
     id: "J1",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: 'if (running()) kill("SIGKILL");\n        }, killAfter)',
     replace: 'if (!running()) kill("SIGKILL");\n        }, killAfter)',
     test: "cli_test.ts",
@@ -81,7 +81,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J2",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: "LEASE_KEY: lease.key,",
     replace: "LEASE_KEY: a.key,",
     test: "cli_test.ts",
@@ -91,7 +91,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J3",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: "watchdog.send(`${Math.floor(lease.deadline - now)}`);",
     replace: "watchdog.send(`${Math.floor(lease.deadline)}`);",
     test: "cli_test.ts",
@@ -99,10 +99,10 @@ export const INDEPENDENT2: readonly Mutant[] = [
     what:
       "the watchdog is told the lease's absolute monotonic deadline instead of the milliseconds left, so a paused lease's command runs on past it",
   },
-  // The command's watchdog (cli_watchdog.ts) and cgroup (cli_cgroup.ts).
+  // The command's watchdog (cli/watchdog.ts) and cgroup (cli/cgroup.ts).
   {
     id: "J4",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: 'lines.on("close", stop);\n',
     replace: "",
     test: "cli_test.ts",
@@ -112,7 +112,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J5",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: '    if (alive()) kill("SIGKILL");\n',
     replace: "",
     test: "cli_test.ts",
@@ -122,7 +122,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J6",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: "deadline = setTimeout(stop, Math.max(0, ms));",
     replace: "deadline = setTimeout(stop, Math.max(0, ms) + killAfter);",
     test: "cli_test.ts",
@@ -132,7 +132,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J7",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: "  if (cgroup !== undefined) signalCgroup(cgroup, signal);\n",
     replace: "",
     test: "cli_test.ts",
@@ -142,7 +142,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J8",
-    file: "cli_cgroup.ts",
+    file: "cli/cgroup.ts",
     find: '.split("\\n")\n      .filter(Boolean).map(Number);',
     replace: '.split("\\n")\n      .map(Number);',
     test: "cli_test.ts",
@@ -153,7 +153,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   // Input checks.
   {
     id: "J9",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find: "a.lostStatus < 1 || a.lostStatus > 255",
     replace: "a.lostStatus < 1 || a.lostStatus > 256",
     test: "cli_test.ts",
@@ -162,7 +162,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J10",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find: 'const max = flag === "--count" ? MAX_SHARDS : 256;',
     replace: 'const max = flag === "--max-members" ? MAX_SHARDS : 256;',
     test: "cli_test.ts",
@@ -299,10 +299,10 @@ export const INDEPENDENT2: readonly Mutant[] = [
     what:
       "stop() drops the guard durations still pending instead of recording them",
   },
-  // lease ls and lease watch (cli_ls.ts).
+  // lease ls and lease watch (cli/ls.ts).
   {
     id: "J23",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find: "`$KV.${bucket}.${prefix}.>`",
     replace: "`$KV.${bucket}.${prefix}.*`",
     test: "cli_ls_test.ts",
@@ -312,7 +312,7 @@ export const INDEPENDENT2: readonly Mutant[] = [
   },
   {
     id: "J24",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find:
       'const who = row.state === "held" ? `${row.holder}#${row.epoch}` : "";',
     replace: 'const who = row.state === "held" ? `${row.holder}` : "";',

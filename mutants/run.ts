@@ -42,7 +42,7 @@ import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { type Mutant, MUTANTS } from "./table.ts";
-import { ownCgroup } from "../cli_cgroup.ts";
+import { ownCgroup } from "../cli/cgroup.ts";
 import { INDEPENDENT } from "./independent.ts";
 import { INDEPENDENT2 } from "./independent2.ts";
 

@@ -38,10 +38,10 @@ export interface Mutant {
  * and the input checks.
  */
 export const MUTANTS: readonly Mutant[] = [
-  // --- cli_watchdog.ts: what stops the command when lease cannot ---------
+  // --- cli/watchdog.ts: what stops the command when lease cannot ---------
   {
     id: "W1",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: `    if (alive()) kill("SIGKILL");`,
     replace: `    if (alive() && false) kill("SIGKILL");`,
     test: "cli_test.ts",
@@ -50,7 +50,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "W2",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: `lines.on("close", stop);`,
     replace: `lines.on("close", () => {});`,
     test: "cli_test.ts",
@@ -60,7 +60,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "W3",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: `  tell("ok");`,
     replace: ``,
     test: "cli_test.ts",
@@ -69,7 +69,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "W4",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: `deadline = setTimeout(stop, Math.max(0, ms));`,
     replace: `deadline = setTimeout(stop, Math.max(0, ms) + 60_000);`,
     test: "cli_test.ts",
@@ -78,7 +78,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "W5",
-    file: "cli_watchdog.ts",
+    file: "cli/watchdog.ts",
     find: `process.stdout.on("error", () => {});`,
     replace: ``,
     test: "cli_test.ts",
@@ -86,10 +86,10 @@ export const MUTANTS: readonly Mutant[] = [
     what:
       "a failed write to the dead lease's pipe (EPIPE) ends the watchdog before its SIGKILL",
   },
-  // --- cli.ts: lease run ------------------------------------------------
+  // --- cli/run.ts: lease run --------------------------------------------
   {
     id: "C1",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: `        setTimeout(() => {
           if (running()) kill("SIGKILL");
         }, killAfter).unref?.();`,
@@ -100,7 +100,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C2",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: `        if (frozen === on || pid === undefined) return;`,
     replace: `        if (on || frozen === on || pid === undefined) return;`,
     test: "cli_test.ts",
@@ -109,7 +109,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C3",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: `            else if (frozen && !lease.signal.aborted) {`,
     replace: `            else if (frozen && false) {`,
     test: "cli_test.ts",
@@ -118,7 +118,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C4",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: `watchdog.silence() > WATCHDOG_SILENCE_MS && running()`,
     replace: `watchdog.silence() > 60 * WATCHDOG_SILENCE_MS && running()`,
     test: "cli_test.ts",
@@ -127,7 +127,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C5",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: `          if (stopped !== undefined || !running()) {`,
     replace: `          if (true) {`,
     test: "cli_test.ts",
@@ -136,7 +136,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C6",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: `if (child?.pid !== undefined) killGroup(child.pid, sig);`,
     replace: `if (child?.pid !== undefined) killGroup(child.pid, "SIGTERM");`,
     test: "cli_test.ts",
@@ -145,7 +145,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C7",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: `        code = a.lostStatus;`,
     replace: `        code = EXIT.LOST;`,
     test: "cli_test.ts",
@@ -154,7 +154,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C8",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: `  if (killAfter >= leases.ttl) {`,
     replace: `  if (killAfter > leases.ttl) {`,
     test: "cli_test.ts",
@@ -163,7 +163,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C9",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find: `          LEASE_EPOCH: String(lease.epoch),`,
     replace: `          LEASE_EPOCH: "1",`,
     test: "cli_test.ts",
@@ -172,7 +172,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C10",
-    file: "cli.ts",
+    file: "cli/run.ts",
     find:
       `  if (reason instanceof NotHolderError && reason.holder !== undefined) {`,
     replace:
@@ -183,7 +183,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "C11",
-    file: "cli_cgroup.ts",
+    file: "cli/cgroup.ts",
     find: `  if (signal === "SIGKILL") {
     try {`,
     replace: `  if (signal === "SIGKILL") {
@@ -495,10 +495,10 @@ export const MUTANTS: readonly Mutant[] = [
     name: "guard\\(\\) counts every guard",
     what: "a write's own error is counted as a rejection",
   },
-  // --- cli_ls.ts and cli.ts: lease ls and lease watch -----------------------
+  // --- cli/ls.ts, cli/views.ts, cli/args.ts: lease ls and lease watch ------
   {
     id: "LS1",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find:
       `    return { ...none, state: marker === "MaxAge" ? "expired" : "removed" };`,
     replace: `    return { ...none, state: "expired" };`,
@@ -508,7 +508,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "LS2",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find:
       `  if (op === "DEL") return { ...none, state: tag ? "released" : "removed" };`,
     replace: `  if (op === "DEL") return { ...none, state: "released" };`,
@@ -518,7 +518,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "LS3",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find: `    state: left !== null && left <= 0 ? "expired" : "held",`,
     replace: `    state: left !== null && left < 0 ? "expired" : "held",`,
     test: "cli_ls_test.ts",
@@ -527,7 +527,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "LS4",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find: `    epoch: tagged > 0 ? tagged : m.seq,`,
     replace: `    epoch: m.seq,`,
     test: "cli_ls_test.ts",
@@ -536,7 +536,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "LS5",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find:
       "  return prefix === undefined ? `$KV.${bucket}.>` : `$KV.${bucket}.${prefix}.>`;",
     replace: "  return `$KV.${bucket}.>`;",
@@ -546,7 +546,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "LS6",
-    file: "cli.ts",
+    file: "cli/views.ts",
     find: `    if (ended !== undefined) {
       throw new UnavailableError(`,
     replace: `    if (false) {
@@ -557,7 +557,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "LS7",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find: `    if (rest.length > 1) {
       throw fail(
         \`lease ls takes no KEY`,
@@ -570,7 +570,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "LS8",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find:
       `  if ((sub === "ls" || a.prefix !== undefined || a.all) && dash >= 0) {`,
     replace: `  if (sub === "ls" && dash >= 0) {`,
@@ -586,7 +586,7 @@ export const MUTANTS: readonly Mutant[] = [
   // passes there without the mutant).
   {
     id: "LS9",
-    file: "cli_ls.ts",
+    file: "cli/ls.ts",
     find: `    if (row.state === "held" && row.expiresInMs !== null) {
       // No event comes for an expiry without a marker: time it ourselves.`,
     replace: `    if (false) {
@@ -688,7 +688,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN10",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find:
       `        if (!/^\\d+$/.test(v) || a.lostStatus < 1 || a.lostStatus > 255) {`,
     replace:
@@ -699,7 +699,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN11",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find:
       `          !/^\\d+$/.test(v) || a.limit < 1 || a.limit > MAX_SEMAPHORE_LIMIT`,
     replace:
@@ -710,7 +710,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN12",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find: `        if (!/^\\d+$/.test(v) || n < 1 || n > max) {`,
     replace: `        if (!/^\\d+$/.test(v) || n < 1 || n > max + 1) {`,
     test: "cli_test.ts",
@@ -719,7 +719,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN13",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find: `  if (a.ttl !== undefined && a.ttl < MIN_TTL) {`,
     replace: `  if (a.ttl !== undefined && a.ttl < MIN_TTL - 1) {`,
     test: "cli_test.ts",
@@ -728,7 +728,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN14",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find:
       `  if (value === undefined || !/^\\d+$/.test(value) || !Number.isSafeInteger(n)) {`,
     replace: `  if (value === undefined || !/^\\d+$/.test(value)) {`,
@@ -738,7 +738,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN15",
-    file: "cli.ts",
+    file: "cli/args.ts",
     find:
       `    a.ttl !== undefined && a.killAfter !== undefined && a.killAfter >= a.ttl`,
     replace:

@@ -1,7 +1,7 @@
 /**
  * `lease ls` and the prefix/bucket-wide `lease watch`: every key's last
  * entry in one pass of a consumer over the bucket's stream (last message
- * per subject), never one read per key. Used by cli.ts.
+ * per subject), never one read per key. Used by cli/views.ts.
  *
  * A KV `watch()` would hide the headers that tell a lease manager's clean
  * release (a delete tagged with its `Nats-Msg-Id`) from anyone else's delete,
@@ -24,6 +24,7 @@ import {
   type JetStreamManager,
   jetstreamManager,
   type JsMsg,
+  PubHeaders,
 } from "@nats-io/jetstream";
 
 /**
@@ -58,6 +59,20 @@ export interface KeyRow {
   readonly expiresInMs: number | null;
 }
 
+/**
+ * The header of a KV delete or purge (`DEL`, `PURGE`); none on a put.
+ * nats.js names it (`kvOperationHdr`) only in the internal module of
+ * `@nats-io/kv`.
+ */
+const KV_OPERATION_HDR = "KV-Operation";
+
+/**
+ * The header of an entry the server itself wrote (2.11+, a bucket with
+ * markers), saying why: `MaxAge` when the key expired, otherwise a purge or
+ * a removal. nats.js does not name it.
+ */
+const MARKER_REASON_HDR = "Nats-Marker-Reason";
+
 /** The tag of a lease manager's writes: `lease:<instance>:<epoch>:<counter>`. */
 const TAG_RE = /^lease:([^:]+):(\d+):(\d+)$/;
 
@@ -90,9 +105,9 @@ export function rowOf(
   ttl: number,
 ): KeyRow {
   const h = m.headers;
-  const op = h?.get("KV-Operation") ?? "";
-  const marker = h?.get("Nats-Marker-Reason") ?? "";
-  const tag = TAG_RE.exec(h?.get("Nats-Msg-Id") ?? "");
+  const op = h?.get(KV_OPERATION_HDR) ?? "";
+  const marker = h?.get(MARKER_REASON_HDR) ?? "";
+  const tag = TAG_RE.exec(h?.get(PubHeaders.MsgIdHdr) ?? "");
   const age = Math.max(0, now - m.time);
   const base = { key, revision: m.seq, renewedAgoMs: Math.round(age) };
   const none = { ...base, holder: null, epoch: null, expiresInMs: null };
@@ -132,7 +147,7 @@ export interface BucketView {
  * @param jsm The JetStream manager.
  * @param bucket The bucket.
  * @returns What `lease ls` needs of it.
- * @throws {JetStreamApiError} The stream does not exist (code 10059), or another refusal.
+ * @throws {JetStreamApiError} The stream does not exist (`JetStreamApiCodes.StreamNotFound`), or another refusal.
  */
 export async function viewBucket(
   jsm: JetStreamManager,
@@ -182,7 +197,7 @@ const STALL_MS = 5_000;
  * @param domain The JetStream domain of the bucket, or undefined for the
  *   connected server's own.
  * @returns The rows, sorted by key.
- * @throws {JetStreamApiError} The bucket does not exist (code 10059), or another refusal.
+ * @throws {JetStreamApiError} The bucket does not exist (`JetStreamApiCodes.StreamNotFound`), or another refusal.
  * @throws {Error} The server went quiet for 5 s in the middle of the listing.
  */
 export async function listKeys(
@@ -299,7 +314,7 @@ export interface KeysWatch {
  *   connected server's own.
  * @param onChange Called for each change.
  * @returns The watch, to stop.
- * @throws {JetStreamApiError} The bucket does not exist (code 10059), or another refusal.
+ * @throws {JetStreamApiError} The bucket does not exist (`JetStreamApiCodes.StreamNotFound`), or another refusal.
  */
 export async function watchKeys(
   nc: NatsConnection,

@@ -1,6 +1,6 @@
 /**
- * The watchdog of `lease run` (cli.ts): a process of its own that stops the
- * command's process group when `lease` can no longer vouch for the lease,
+ * The watchdog of `lease run` (cli/run.ts): a process of its own that stops
+ * the command's process group when `lease` can no longer vouch for the lease,
  * even if `lease` itself cannot act.
  *
  * `lease` starts us before the command, and starts the command only after we
@@ -22,19 +22,19 @@
  * SIGKILL that a command ignoring SIGTERM needs, so every write is allowed
  * to fail, and the SIGKILL is armed before anything is written.
  *
- * Usage (started by cli.ts): `<runtime> cli_watchdog.ts KILL_AFTER_MS`
+ * Usage (started by cli/run.ts): `<runtime> cli/watchdog.ts KILL_AFTER_MS`
  *
  * @module
  */
 
 import process from "node:process";
 import { createInterface } from "node:readline";
-import { cgroupProcs, removeCgroup, signalCgroup } from "./cli_cgroup.ts";
+import { cgroupProcs, removeCgroup, signalCgroup } from "./cgroup.ts";
 
 const killAfter = Number(process.argv[2]);
 if (process.argv.length !== 3 || !Number.isFinite(killAfter)) {
   throw new TypeError(
-    `Cannot watch as cli_watchdog.ts needs KILL_AFTER_MS: received ${
+    `Cannot watch as cli/watchdog.ts needs KILL_AFTER_MS: received ${
       JSON.stringify(process.argv.slice(2))
     }`,
   );

@@ -1,5 +1,5 @@
 /**
- * The cgroup of `lease run --contain` (cli.ts) and its watchdog: a Linux
+ * The cgroup of `lease run --contain` (cli/run.ts) and its watchdog: a Linux
  * cgroup v2 made for the command, which every descendant stays in, even one
  * that leaves the process group with `setsid` or a double fork. Stopping the
  * cgroup reaches them all. Uses `node:fs` only.

@@ -1,0 +1,674 @@
+/**
+ * The command line of `lease`: its options (one table, the source of the
+ * parser's flags and of every usage text), the subcommands' help, and the
+ * parser. A mistake is a {@linkcode UsageError} carrying its exit status,
+ * thrown before anything connects.
+ *
+ * @module
+ */
+
+import process from "node:process";
+import * as os from "node:os";
+import { MIN_TTL } from "../lease.ts";
+import { MAX_SEMAPHORE_LIMIT } from "../semaphore.ts";
+import { DEFAULT_MAX_MEMBERS, MAX_SHARDS } from "../shards.ts";
+import { EXIT } from "./exit.ts";
+
+/** How long `lease release` keeps trying while the holder keeps renewing. */
+export const RELEASE_BOUND_MS = 5_000;
+
+/** A subcommand of `lease`. */
+export type Sub = "run" | "holder" | "watch" | "ls" | "release" | "shards";
+const SUBS: readonly Sub[] = [
+  "run",
+  "holder",
+  "watch",
+  "ls",
+  "release",
+  "shards",
+];
+
+/** Whether `word` names a subcommand. */
+export function isSub(word: string | undefined): word is Sub {
+  return (SUBS as readonly (string | undefined)[]).includes(word);
+}
+
+/**
+ * An option of the command line. The table below is the one source of the
+ * parser's flags and of every usage text, general or a subcommand's.
+ */
+interface Opt {
+  readonly flag: string;
+  readonly short?: string;
+  /** The value's placeholder; none for a switch. */
+  readonly arg?: string;
+  /** The subcommands that take it. */
+  readonly subs: readonly Sub[];
+  /** Needed by those subcommands. */
+  readonly required?: boolean;
+  /** Its line (or lines) in a usage text. */
+  readonly text: string;
+}
+
+const OPTIONS: readonly Opt[] = [
+  {
+    flag: "--servers",
+    arg: "URL",
+    subs: SUBS,
+    text: "NATS server(s), comma-separated (default: $NATS_URL,\n" +
+      "then 127.0.0.1:4222)",
+  },
+  {
+    flag: "--bucket",
+    arg: "NAME",
+    subs: SUBS,
+    text: "lease bucket (default: leases)",
+  },
+  {
+    flag: "--domain",
+    arg: "NAME",
+    subs: SUBS,
+    text: "JetStream domain of the bucket, for a client of a leaf node\n" +
+      "whose bucket is in the hub's domain (default: the server's own)",
+  },
+  {
+    flag: "--node",
+    arg: "ID",
+    subs: ["release"],
+    required: true,
+    text: "the holder to evict",
+  },
+  {
+    flag: "--ttl",
+    arg: "MS",
+    subs: ["run"],
+    text: "lease TTL when the bucket is created (default 15000; an\n" +
+      "existing bucket's TTL is adopted, and must match when given)",
+  },
+  {
+    flag: "--node",
+    arg: "ID",
+    subs: ["run"],
+    text: "holder id (default: host name and process id)",
+  },
+  {
+    flag: "--limit",
+    short: "-n",
+    arg: "N",
+    subs: ["run"],
+    text: "run CMD in one of N slots of KEY (at most N at once)",
+  },
+  {
+    flag: "--kill-after",
+    arg: "MS",
+    subs: ["run"],
+    text: "SIGTERM to SIGKILL (default: a quarter of the TTL)",
+  },
+  {
+    flag: "--lost-status",
+    arg: "N",
+    subs: ["run"],
+    text:
+      `exit status when the lease is lost (1-255, default ${EXIT.LOST}):\n` +
+      "pick one CMD never exits with, to tell the two apart",
+  },
+  {
+    flag: "--contain",
+    subs: ["run"],
+    text: "run CMD in a cgroup (v2) of its own and stop every process\n" +
+      "in it, also those that left its process group (Linux,\n" +
+      `where lease may make a cgroup; exits ${EXIT.NO_CONTAIN} if it may not)`,
+  },
+  {
+    flag: "--allow-unverified-replicas",
+    subs: ["run", "holder", "watch", "shards"],
+    text: "skip the check of the bucket's servers' versions",
+  },
+  {
+    flag: "--json",
+    subs: ["holder", "watch"],
+    text: 'print {"key":..,"holder":{"node":..,"epoch":..}|null} lines',
+  },
+  {
+    flag: "--prefix",
+    arg: "P",
+    subs: ["watch", "ls"],
+    text: "only the keys below P (P.<anything>)",
+  },
+  {
+    flag: "--all",
+    subs: ["watch"],
+    text: "every key of the bucket, instead of KEY",
+  },
+  {
+    flag: "--json",
+    subs: ["ls"],
+    text: 'print one {"key":..,"holder":..,"epoch":..,"revision":..,\n' +
+      '"renewedAgoMs":..,"expiresInMs":..,"state":..} line per key',
+  },
+  {
+    flag: "--count",
+    arg: "N",
+    subs: ["shards"],
+    required: true,
+    text: `the group's shard count (1-${MAX_SHARDS})`,
+  },
+  {
+    flag: "--max-members",
+    arg: "N",
+    subs: ["shards"],
+    text: `the group's membership slots (default ${DEFAULT_MAX_MEMBERS})`,
+  },
+  {
+    flag: "--json",
+    subs: ["shards"],
+    text: 'print {"group":..,"members":[..],"shards":[{"shard":..,\n' +
+      '"holder":{"node":..,"epoch":..}|null,"target":..},..]}',
+  },
+  {
+    flag: "--help",
+    short: "-h",
+    subs: SUBS,
+    text: "print the help of lease, or of the subcommand",
+  },
+];
+
+/** What each subcommand is for: a line for the general usage, then more. */
+const SUBCOMMANDS: Record<
+  Sub,
+  { readonly summary: string; readonly about: string; readonly notes?: string }
+> = {
+  run: {
+    summary: "run CMD only while holding KEY",
+    about:
+      `Waits for its turn on KEY (a watch, no polling), then runs CMD in a process
+group of its own with LEASE_KEY, LEASE_NODE, LEASE_EPOCH and LEASE_TENURE
+in its environment, renewing the lease while it runs. When CMD exits the lease is
+released at once and lease exits with CMD's status (128 + N for signal N).
+While it waits it says on stderr who holds KEY.
+
+If the lease is lost (the server unreachable past the TTL, an eviction),
+CMD's process group gets SIGTERM, then SIGKILL after --kill-after, and lease
+exits with the --lost-status (default ${EXIT.LOST}). SIGINT and SIGTERM sent to lease are passed on to CMD.
+While the connection to the server is down, CMD is frozen (SIGSTOP): a
+restarted server may have lost the lease's renewals. It runs on (SIGCONT) once
+the lease is proven again, and is killed (SIGKILL) if it is not.
+A watchdog process does the same if lease cannot: at once when lease is
+killed (SIGKILL), and at the lease's deadline when lease is paused (SIGSTOP)
+or frozen; a successor starts only after the TTL and the grace. CMD starts
+only once the watchdog says it is running, and is stopped if it dies or stops
+answering for a second (exit ${EXIT.NO_WATCHDOG}). A process that leaves CMD's process group (setsid, a double fork)
+is out of reach of both, unless --contain: fence its writes with LEASE_EPOCH
+(and LEASE_TENURE, see docs/safety.md).
+
+With -n N, KEY names a semaphore of N slots (at most N commands at once): CMD
+runs in one free slot, with LEASE_SLOT its index and LEASE_KEY and LEASE_EPOCH
+its key and epoch, after waiting in line (first come, first served) while all
+are held. Every run of KEY must give the same N.`,
+    notes:
+      `Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.BAD_DURATION} a bad
+duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
+answering before the command started), ${EXIT.NO_WATCHDOG} the watchdog did not start or died, ${EXIT.LOST}
+(or --lost-status) lease lost while CMD ran, ${EXIT.LIMIT_MISMATCH} (-n) a slot of KEY is held under
+another N.`,
+  },
+  holder: {
+    summary: "print who holds KEY",
+    about:
+      `Prints the holder of KEY and its epoch ("none" when nobody holds it). A read:
+a hint that a lagging replica may serve late.`,
+  },
+  watch: {
+    summary: "print every change of holder",
+    about:
+      `Prints the holder of KEY, then a line for every change (new holder, release,
+expiry), until interrupted. With --prefix P (the keys below P) or --all (the
+whole bucket), one line per key first, then one per change of any of them,
+with why a key is free: "KEY: none (released|expired|removed)". Renewals are
+not changes.`,
+  },
+  ls: {
+    summary: "list the keys, their holders and states",
+    about:
+      `Lists every key of the bucket (or those below --prefix P) in one pass over
+the bucket's stream: its holder and epoch, how long ago its entry was written
+(its last renewal, by the server's timestamp), the time left before the TTL,
+and its state: held; released (a lease manager's clean release); expired (an
+entry past the TTL still shown, or the server's expiry marker); removed (a
+delete or purge by anyone else, such as lease release). Keys whose entry
+expired without a marker (servers before 2.11, or buckets without markers)
+are gone from the bucket and not listed. A read: hints.`,
+  },
+  shards: {
+    summary: "print the members and each shard's owner",
+    about:
+      `Prints the members of shard group GROUP (the holders of its membership
+slots), then each shard's owner and epoch ("none" when nobody holds it) and,
+when it differs, the member the shard is moving to (its target for the
+members seen). Reads: hints that a lagging replica may serve late.`,
+  },
+  release: {
+    summary: "evict ID's stuck lease on KEY",
+    about:
+      `Evicts a stuck holder: deletes KEY's entry if (and only if) ID holds it, by
+compare-and-delete on that entry's revision. The holder's command is stopped
+at its next renewal; a successor still waits out the grace (an eviction is not
+a clean release). While ID keeps renewing, the entry is read again and the
+delete retried for up to ${
+        RELEASE_BOUND_MS / 1000
+      } s. Exits ${EXIT.NOT_HOLDER} when ID does not hold KEY, ${EXIT.UNAVAILABLE} when
+the entry changed under every attempt (nothing was evicted).`,
+  },
+};
+
+function optionWords(o: Opt): string {
+  return o.arg === undefined ? o.flag : `${o.flag} ${o.arg}`;
+}
+
+/** Options as an indented table, continuation lines under the text. */
+function optionTable(opts: readonly Opt[]): string {
+  const label = (o: Opt) =>
+    o.short === undefined ? optionWords(o) : `${o.short}, ${optionWords(o)}`;
+  const width = Math.max(...opts.map((o) => label(o).length)) + 2;
+  return opts.map((o) =>
+    `  ${label(o).padEnd(width)}${
+      o.text.replaceAll("\n", `\n  ${" ".repeat(width)}`)
+    }`
+  ).join("\n");
+}
+
+/** The options `lease watch` takes in place of KEY. */
+const ALT_FLAGS: readonly string[] = ["--prefix", "--all"];
+
+/**
+ * A subcommand's synopsis. `brief`, for the general usage, leaves out what
+ * every subcommand takes and folds two or more options into "[options]".
+ */
+function synopsis(sub: Sub, brief: boolean): string {
+  const opts = OPTIONS.filter((o) =>
+    o.subs.includes(sub) && o.flag !== "--help"
+  );
+  const optional = opts.filter((o) =>
+    !o.required && !(brief && o.subs.length === SUBS.length) &&
+    !(sub === "watch" && ALT_FLAGS.includes(o.flag))
+  );
+  // `watch` takes KEY, or --prefix or --all in its place; `ls` no KEY.
+  const alt = (o: Opt) => sub === "watch" && ALT_FLAGS.includes(o.flag);
+  return [
+    "lease",
+    sub,
+    ...(sub === "ls" ? [] : [
+      [
+        sub === "shards" ? "GROUP" : "KEY",
+        ...opts.filter(alt).map(optionWords),
+      ].join("|"),
+    ]),
+    ...opts.filter((o) => o.required).map(optionWords),
+    ...(brief && optional.length > 1
+      ? ["[options]"]
+      : optional.map((o) => `[${optionWords(o)}]`)),
+    ...(sub === "run" ? ["--", "CMD", "[ARGS...]"] : []),
+  ].join(" ");
+}
+
+/**
+ * The usage of lease (`sub` ""), or of one subcommand: with `full` (for
+ * --help) also what it does; without (after a mistake) its synopsis and
+ * options only.
+ */
+export function usage(sub: Sub | "", full: boolean): string {
+  if (sub === "") {
+    const lines = SUBS.map((s) => [synopsis(s, true), SUBCOMMANDS[s].summary]);
+    const width = Math.max(...lines.map(([l]) => l!.length)) + 3;
+    return [
+      `usage: lease <${SUBS.join("|")}> KEY [options]`,
+      "",
+      ...lines.map(([l, summary]) => `  ${l!.padEnd(width)}${summary}`),
+      "",
+      "Options for every subcommand:",
+      optionTable(OPTIONS.filter((o) => o.subs.length === SUBS.length)),
+      "",
+      "'lease <subcommand> --help' says more.",
+    ].join("\n");
+  }
+  const { about, notes } = SUBCOMMANDS[sub];
+  return [
+    `usage: ${synopsis(sub, false)}`,
+    ...(full ? ["", about] : []),
+    "",
+    "Options:",
+    optionTable(OPTIONS.filter((o) => o.subs.includes(sub))),
+    ...(full
+      ? notes === undefined ? [] : ["", notes]
+      : ["", `'lease ${sub} --help' says more.`]),
+  ].join("\n");
+}
+
+const KEY_RE = /^[-/=\w]+(\.[-/=\w]+)*$/;
+
+/**
+ * A mistake on the command line (or an option the bucket refuses): its
+ * message, the exit status, and whose usage to print after it.
+ */
+export class UsageError extends Error {
+  override name = "UsageError";
+  readonly code: number;
+  /** Whose usage to print after the message: lease's (""), or none (null). */
+  readonly usage: Sub | "" | null;
+  constructor(
+    message: string,
+    code: number = EXIT.USAGE,
+    usage: Sub | "" | null = null,
+  ) {
+    super(message);
+    this.code = code;
+    this.usage = usage;
+  }
+}
+
+/** The command line, parsed: the subcommand, its KEY and its options. */
+export interface Args {
+  count: number;
+  maxMembers: number;
+  sub: string;
+  key: string;
+  servers: string[];
+  bucket: string;
+  /** `--domain NAME`: the JetStream domain every request is addressed to. */
+  domain?: string;
+  ttl?: number;
+  node: string;
+  killAfter?: number;
+  lostStatus: number;
+  contain: boolean;
+  /** `--allow-unverified-replicas`: createLeaseManager's override. */
+  allowUnverifiedReplicas: boolean;
+  json: boolean;
+  /** `--prefix P` of `ls` and `watch`. */
+  prefix?: string;
+  /** `watch --all`. */
+  all: boolean;
+  help: boolean;
+  command: string[];
+  limit?: number;
+}
+
+function duration(
+  flag: string,
+  value: string | undefined,
+  fail: (message: string, code: number) => UsageError,
+): number {
+  const n = Number(value);
+  if (value === undefined || !/^\d+$/.test(value) || !Number.isSafeInteger(n)) {
+    throw fail(
+      `${flag} needs a duration in milliseconds (a whole number): received ${
+        JSON.stringify(value ?? null)
+      }`,
+      EXIT.BAD_DURATION,
+    );
+  }
+  return n;
+}
+
+/** Words as they would be typed to a shell, to copy back. */
+function shellLine(words: readonly string[]): string {
+  return words.map((w) =>
+    /^[\w@%+=:,./-]+$/.test(w) ? w : `'${w.replaceAll("'", `'\\''`)}'`
+  ).join(" ");
+}
+
+/** Parses the command line; throws {@linkcode UsageError} on bad input. */
+export function parse(argv: string[]): Args {
+  const dash = argv.indexOf("--");
+  const own = dash < 0 ? argv : argv.slice(0, dash);
+  const command = dash < 0 ? [] : argv.slice(dash + 1);
+  const a: Args = {
+    count: 0,
+    maxMembers: DEFAULT_MAX_MEMBERS,
+    sub: "",
+    key: "",
+    servers: (process.env.NATS_URL || "127.0.0.1:4222").split(","),
+    bucket: "leases",
+    node: `${os.hostname()}-${process.pid}`,
+    lostStatus: EXIT.LOST,
+    contain: false,
+    allowUnverifiedReplicas: false,
+    json: false,
+    all: false,
+    help: false,
+    command,
+  };
+  const rest: string[] = [];
+  const given: string[] = [];
+  // A mistake shows the usage of the subcommand typed (it may come after
+  // the mistake), or lease's when there is none.
+  const fail = (message: string, code: number = EXIT.USAGE) => {
+    const sub = rest[0] ?? own.find(isSub);
+    return new UsageError(message, code, isSub(sub) ? sub : "");
+  };
+  for (let i = 0; i < own.length; i++) {
+    const word = own[i]!;
+    if (!word.startsWith("-") || word === "-") {
+      // A word after `lease run KEY` with no `--` anywhere: the command, the
+      // `--` forgotten. Its own options (`sh -c`) would otherwise read as
+      // unknown options of lease.
+      if (rest[0] === "run" && rest.length === 2 && dash < 0) {
+        if (a.help) break;
+        throw new UsageError(
+          `put -- before the command: ${
+            shellLine(["lease", ...own.slice(0, i), "--", ...own.slice(i)])
+          }`,
+        );
+      }
+      rest.push(word);
+      continue;
+    }
+    // `--opt=value` as well as `--opt value`.
+    const eq = word.startsWith("--") ? word.indexOf("=") : -1;
+    const flag = eq < 0 ? word : word.slice(0, eq);
+    const inline = eq < 0 ? undefined : word.slice(eq + 1);
+    const opt = OPTIONS.find((o) => o.flag === flag || o.short === flag);
+    if (opt === undefined) throw fail(`unknown option ${flag}`);
+    if (opt.arg === undefined && inline !== undefined) {
+      throw fail(`${flag} takes no value: received ${word}`);
+    }
+    given.push(opt.flag);
+    const value = (): string => {
+      if (inline !== undefined) return inline;
+      const v = own[++i];
+      if (v === undefined) throw fail(`${flag} needs a value`);
+      return v;
+    };
+    switch (opt.flag) {
+      case "--help":
+        a.help = true;
+        break;
+      case "--json":
+        a.json = true;
+        break;
+      case "--all":
+        a.all = true;
+        break;
+      case "--prefix": {
+        const v = value();
+        if (!KEY_RE.test(v)) {
+          const stem = /^(.*?)\.?[>*]$/.exec(v)?.[1];
+          throw fail(
+            `invalid --prefix ${JSON.stringify(v)}: ${
+              stem !== undefined && KEY_RE.test(stem)
+                ? `a key, not a pattern (the keys below it are listed): --prefix ${stem}`
+                : "a key (letters, digits, '-', '_', '/', '=' in '.'-separated tokens); the keys below it are listed"
+            }`,
+          );
+        }
+        a.prefix = v;
+        break;
+      }
+      case "--contain":
+        a.contain = true;
+        break;
+      case "--allow-unverified-replicas":
+        a.allowUnverifiedReplicas = true;
+        break;
+      case "--servers":
+        a.servers = value().split(",");
+        break;
+      case "--bucket":
+        a.bucket = value();
+        break;
+      case "--domain": {
+        // One subject token: requests go to `$JS.<domain>.API.>`.
+        const v = value();
+        if (!/^[^\s.*>]+$/.test(v)) {
+          throw fail(
+            `--domain needs a JetStream domain (one subject token: no '.', '*', '>' or spaces): received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        a.domain = v;
+        break;
+      }
+      case "--node":
+        a.node = value();
+        break;
+      case "--ttl":
+        a.ttl = duration(flag, inline ?? own[++i], fail);
+        break;
+      case "--kill-after":
+        a.killAfter = duration(flag, inline ?? own[++i], fail);
+        break;
+      case "--limit": {
+        const v = value();
+        a.limit = Number(v);
+        if (
+          !/^\d+$/.test(v) || a.limit < 1 || a.limit > MAX_SEMAPHORE_LIMIT
+        ) {
+          throw fail(
+            `${flag} needs a number of slots from 1 to ${MAX_SEMAPHORE_LIMIT}: received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        break;
+      }
+      case "--count":
+      case "--max-members": {
+        const v = value();
+        const n = Number(v);
+        const max = flag === "--count" ? MAX_SHARDS : 256;
+        if (!/^\d+$/.test(v) || n < 1 || n > max) {
+          throw fail(
+            `${flag} needs a whole number from 1 to ${max}: received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        if (flag === "--count") a.count = n;
+        else a.maxMembers = n;
+        break;
+      }
+      case "--lost-status": {
+        const v = value();
+        a.lostStatus = Number(v);
+        if (!/^\d+$/.test(v) || a.lostStatus < 1 || a.lostStatus > 255) {
+          throw fail(
+            `--lost-status needs an exit status from 1 to 255: received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        break;
+      }
+    }
+  }
+  a.sub = rest[0] ?? "";
+  if (a.help) return a;
+  if (!isSub(a.sub)) {
+    throw fail(
+      a.sub === ""
+        ? `a subcommand is needed: ${SUBS.slice(0, -1).join(", ")} or ${
+          SUBS.at(-1)
+        }`
+        : `unknown subcommand ${JSON.stringify(a.sub)}`,
+    );
+  }
+  const sub = a.sub;
+  const other = given.find((f) =>
+    !OPTIONS.some((o) => o.flag === f && o.subs.includes(sub))
+  );
+  if (other !== undefined) throw fail(`lease ${sub} has no option ${other}`);
+  if ((sub === "ls" || a.prefix !== undefined || a.all) && dash >= 0) {
+    throw fail(`lease ${sub} takes no command`);
+  }
+  if (sub === "ls") {
+    if (rest.length > 1) {
+      throw fail(
+        `lease ls takes no KEY (--prefix P lists the keys below P): received ${
+          rest.slice(1).join(" ")
+        }`,
+      );
+    }
+    return a;
+  }
+  if (sub === "watch" && (a.prefix !== undefined || a.all)) {
+    if (a.prefix !== undefined && a.all) {
+      throw fail("lease watch takes --prefix or --all, not both");
+    }
+    if (rest.length > 1) {
+      throw fail(
+        `lease watch takes KEY or ${
+          a.all ? "--all" : "--prefix"
+        }, not both: received ${rest.slice(1).join(" ")}`,
+      );
+    }
+    return a;
+  }
+  if (rest.length !== 2) {
+    throw fail(
+      rest.length < 2
+        ? `lease ${sub} needs a KEY${
+          sub === "watch" ? " (or --prefix P, or --all)" : ""
+        }`
+        : `lease ${sub} takes one KEY: received ${rest.slice(1).join(" ")}`,
+    );
+  }
+  a.key = rest[1]!;
+  if (!KEY_RE.test(a.key)) {
+    throw fail(
+      `invalid key ${
+        JSON.stringify(a.key)
+      }: letters, digits, '-', '_', '/', '=' in '.'-separated tokens`,
+      EXIT.BAD_KEY,
+    );
+  }
+  if (sub === "run" && command.length === 0) {
+    throw fail("lease run needs a command after --", EXIT.NO_COMMAND);
+  }
+  if (sub !== "run" && dash >= 0) {
+    throw fail(`lease ${sub} takes no command`);
+  }
+  const missing = OPTIONS.find((o) =>
+    o.required && o.subs.includes(sub) && !given.includes(o.flag)
+  );
+  if (missing !== undefined) {
+    throw fail(
+      `lease ${sub} needs ${optionWords(missing)} (${missing.text})`,
+    );
+  }
+  if (
+    a.ttl !== undefined && a.killAfter !== undefined && a.killAfter >= a.ttl
+  ) {
+    throw fail(
+      `--kill-after must be below the TTL (${a.ttl} ms), so that the command is gone before a successor starts: received ${a.killAfter}`,
+      EXIT.BAD_DURATION,
+    );
+  }
+  if (a.ttl !== undefined && a.ttl < MIN_TTL) {
+    throw fail(
+      `--ttl must be at least ${MIN_TTL} ms: received ${a.ttl}`,
+      EXIT.BAD_DURATION,
+    );
+  }
+  return a;
+}

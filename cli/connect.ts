@@ -1,0 +1,171 @@
+/**
+ * Connecting `lease` to its bucket: the connection (retried for ever once
+ * up), the lease manager over it, and the server's refusals worded for the
+ * command line (a missing bucket, another TTL, the override's flag).
+ *
+ * @module
+ */
+
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
+import {
+  jetstream,
+  JetStreamApiCodes,
+  JetStreamApiError,
+} from "@nats-io/jetstream";
+import {
+  createLeaseManager,
+  type LeaseManager,
+  MIN_TTL,
+  UnavailableError,
+} from "../lease.ts";
+import { type Args, UsageError } from "./args.ts";
+
+/** No server of `--servers` could be reached (exit 68). */
+export class NoServerError extends Error {
+  override name = "NoServerError";
+}
+
+/**
+ * Connects to `--servers`, reconnecting for ever once connected; throws
+ * {@linkcode NoServerError} when none answers.
+ */
+export async function dial(a: Args): Promise<NatsConnection> {
+  try {
+    return await connect({
+      servers: a.servers,
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: 250,
+    });
+  } catch (err) {
+    throw new NoServerError(
+      `cannot connect to ${a.servers.join(",")}: ${(err as Error).message}`,
+    );
+  }
+}
+
+/**
+ * A connection and a lease manager on `--bucket` (created with
+ * `createBucket`); a refusal is thrown worded for the command line.
+ */
+export async function open(
+  a: Args,
+  opts: { createBucket: boolean; node?: string },
+): Promise<{ nc: NatsConnection; leases: LeaseManager }> {
+  const nc = await dial(a);
+  try {
+    const leases = await createLeaseManager({
+      nc,
+      node: opts.node ?? a.node,
+      bucket: a.bucket,
+      createBucket: opts.createBucket,
+      allowUnverifiedReplicas: a.allowUnverifiedReplicas,
+      ...(a.domain === undefined ? {} : { domain: a.domain }),
+      ...(a.ttl === undefined ? {} : { ttl: a.ttl }),
+    });
+    return { nc, leases };
+  } catch (err) {
+    const why = await openFailure(nc, a, opts.createBucket, err);
+    await nc.close().catch(() => {});
+    throw why;
+  }
+}
+
+/**
+ * The bucket's TTL in ms, or `undefined` when it does not exist. Read on
+ * the failure paths only, to word their messages for the command line.
+ */
+async function bucketTtl(
+  nc: NatsConnection,
+  a: Args,
+): Promise<number | undefined> {
+  try {
+    return (await (await kvm(nc, a).open(a.bucket)).status()).ttl;
+  } catch (err) {
+    if (isStreamNotFound(err)) return undefined;
+    throw err;
+  }
+}
+
+/** A KV manager whose requests go to `--domain`, when given. */
+export function kvm(nc: NatsConnection, a: Args): Kvm {
+  return new Kvm(
+    a.domain === undefined ? nc : jetstream(nc, { domain: a.domain }),
+  );
+}
+
+/** Whether the server says the bucket's stream does not exist. */
+export function isStreamNotFound(err: unknown): boolean {
+  return err instanceof JetStreamApiError &&
+    err.code === JetStreamApiCodes.StreamNotFound;
+}
+
+/** The error of a subcommand whose bucket does not exist (exit 69). */
+export function noBucket(a: Args): UnavailableError {
+  return new UnavailableError(
+    a.key,
+    `bucket '${a.bucket}' does not exist on ${a.servers.join(",")}${
+      a.domain === undefined ? "" : ` in JetStream domain '${a.domain}'`
+    } (lease run creates it): check --bucket and --servers${
+      a.domain === undefined ? "" : " and --domain"
+    }`,
+  );
+}
+
+/**
+ * Why createLeaseManager() refused, worded for the command line (its own
+ * messages name its API: 'ttl', 'createBucket'), from the bucket as it is
+ * rather than from the text of those messages.
+ */
+async function openFailure(
+  nc: NatsConnection,
+  a: Args,
+  createBucket: boolean,
+  err: unknown,
+): Promise<Error> {
+  if (err instanceof TypeError) return new UsageError(err.message);
+  if (!(err instanceof RangeError) && createBucket) {
+    return new UnavailableError(a.key, (err as Error).message, { cause: err });
+  }
+  // null: the bucket could not be read either (no JetStream, say).
+  const ttl = await bucketTtl(nc, a).catch(() => null);
+  if (err instanceof RangeError) {
+    if (ttl === null || ttl === undefined) return new UsageError(err.message);
+    if (ttl <= 0) {
+      return new UsageError(
+        `bucket '${a.bucket}' has no TTL, so its leases would never expire: use another --bucket`,
+      );
+    }
+    if (a.ttl !== undefined && ttl !== a.ttl) {
+      return new UsageError(
+        `bucket '${a.bucket}' has a TTL of ${ttl} ms: pass --ttl ${ttl} (or omit --ttl), or use another --bucket`,
+      );
+    }
+    if (ttl < MIN_TTL) {
+      return new UsageError(
+        `bucket '${a.bucket}' has a TTL of ${ttl} ms, below the ${MIN_TTL} ms a lease needs: use another --bucket`,
+      );
+    }
+    return new UsageError(err.message);
+  }
+  if (ttl === undefined) return noBucket(a);
+  return new UnavailableError(
+    a.key,
+    // The override's name on the command line.
+    (err as Error).message.replace(
+      "pass allowUnverifiedReplicas: true",
+      "pass --allow-unverified-replicas",
+    ),
+    { cause: err },
+  );
+}
+
+/** A bucket's refusal, worded for the command line. */
+export function bucketFailure(a: Args, err: unknown): unknown {
+  if (isStreamNotFound(err)) return noBucket(a);
+  if (err instanceof JetStreamApiError) {
+    return new UnavailableError(a.key, err.message, { cause: err });
+  }
+  return err;
+}

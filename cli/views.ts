@@ -1,0 +1,250 @@
+/**
+ * The read-only subcommands of `lease`: `holder`, `watch` (one key, or
+ * `--prefix`/`--all`), `ls` and `shards`. They print what they read; none
+ * writes to the bucket.
+ *
+ * @module
+ */
+
+import process from "node:process";
+import { type KeyRow, type KeysWatch, listKeys, watchKeys } from "./ls.ts";
+import { UnavailableError } from "../lease.ts";
+import { assignShards, memberKey, shardKey } from "../shards.ts";
+import type { Args } from "./args.ts";
+import { bucketFailure, dial, open } from "./connect.ts";
+
+function holderLine(
+  a: Args,
+  h: { node: string; epoch: number } | null,
+): string {
+  if (a.json) return JSON.stringify({ key: a.key, holder: h });
+  return h === null ? `${a.key}: none` : `${a.key}: ${h.node} epoch ${h.epoch}`;
+}
+
+/** `lease holder KEY`: one line, the holder and its epoch or none. */
+export async function holder(a: Args): Promise<number> {
+  const { nc, leases } = await open(a, {
+    createBucket: false,
+    node: `lease-cli-${process.pid}`,
+  });
+  try {
+    process.stdout.write(holderLine(a, await leases.holder(a.key)) + "\n");
+    return 0;
+  } finally {
+    await leases.close();
+    await nc.close();
+  }
+}
+
+/** `lease watch KEY`: the holder, then a line per change, until a signal. */
+export async function watch(a: Args): Promise<number> {
+  const { nc, leases } = await open(a, {
+    createBucket: false,
+    node: `lease-cli-${process.pid}`,
+  });
+  const stop = new AbortController();
+  const onSig = () => stop.abort();
+  process.on("SIGINT", onSig);
+  process.on("SIGTERM", onSig);
+  try {
+    for await (const h of leases.watch(a.key, { signal: stop.signal })) {
+      process.stdout.write(holderLine(a, h) + "\n");
+    }
+    return 0;
+  } finally {
+    process.off("SIGINT", onSig);
+    process.off("SIGTERM", onSig);
+    await leases.close();
+    await nc.close();
+  }
+}
+
+/**
+ * Writes to stdout and resolves once it is handed on: `main()`'s caller
+ * exits the process at once, which would cut a long listing short on a
+ * pipe (Node writes to pipes asynchronously).
+ */
+function print(text: string): Promise<void> {
+  return new Promise((resolve, reject) =>
+    process.stdout.write(text, (err) => err ? reject(err) : resolve())
+  );
+}
+
+/** A duration for the table: `850ms`, `12.3s`, `4m05s`. */
+function ago(ms: number): string {
+  const sign = ms < 0 ? "-" : "";
+  const v = Math.abs(ms);
+  if (v < 1_000) return `${sign}${v}ms`;
+  if (v < 60_000) return `${sign}${(v / 1_000).toFixed(1)}s`;
+  const s = Math.floor(v / 1_000);
+  return `${sign}${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
+}
+
+/** `lease ls`: every key (below --prefix), one pass over the stream. */
+export async function ls(a: Args): Promise<number> {
+  const nc = await dial(a);
+  try {
+    let rows: KeyRow[];
+    try {
+      rows = await listKeys(nc, a.bucket, a.prefix, a.domain);
+    } catch (err) {
+      throw bucketFailure(a, err);
+    }
+    if (a.json) {
+      await print(
+        rows.map((r) =>
+          JSON.stringify({
+            key: r.key,
+            holder: r.holder,
+            epoch: r.epoch,
+            revision: r.revision,
+            renewedAgoMs: r.renewedAgoMs,
+            expiresInMs: r.expiresInMs,
+            state: r.state,
+          }) + "\n"
+        ).join(""),
+      );
+      return 0;
+    }
+    const table = [
+      ["KEY", "STATE", "HOLDER", "EPOCH", "REVISION", "RENEWED", "EXPIRES IN"],
+      ...rows.map((r) => [
+        r.key,
+        r.state,
+        r.holder ?? "-",
+        r.epoch === null ? "-" : String(r.epoch),
+        String(r.revision),
+        `${ago(r.renewedAgoMs)} ago`,
+        r.expiresInMs === null || r.expiresInMs <= 0 ? "-" : ago(r.expiresInMs),
+      ]),
+    ];
+    const widths = table[0]!.map((_, i) =>
+      Math.max(...table.map((row) => row[i]!.length))
+    );
+    await print(
+      table.map((row) =>
+        row.map((c, i) => i === row.length - 1 ? c : c.padEnd(widths[i]!))
+          .join("  ").trimEnd() + "\n"
+      ).join(""),
+    );
+    return 0;
+  } finally {
+    await nc.close();
+  }
+}
+
+/** `lease watch --prefix P` / `--all`: a line per key, then per change. */
+export async function watchMany(a: Args): Promise<number> {
+  const nc = await dial(a);
+  const stop = new AbortController();
+  const onSig = () => stop.abort();
+  process.on("SIGINT", onSig);
+  process.on("SIGTERM", onSig);
+  try {
+    let w: KeysWatch;
+    try {
+      w = await watchKeys(nc, a.bucket, a.prefix, a.domain, (r) => {
+        const holder = r.state === "held"
+          ? { node: r.holder!, epoch: r.epoch! }
+          : null;
+        process.stdout.write(
+          (a.json
+            ? JSON.stringify({
+              key: r.key,
+              holder,
+              state: r.state,
+              revision: r.revision,
+            })
+            : holder === null
+            ? `${r.key}: none (${r.state})`
+            : `${r.key}: ${holder.node} epoch ${holder.epoch}`) + "\n",
+        );
+      });
+    } catch (err) {
+      throw bucketFailure(a, err);
+    }
+    let ended: Error | undefined;
+    if (!stop.signal.aborted) {
+      ended = await Promise.race([
+        w.ended,
+        new Promise<undefined>((r) =>
+          stop.signal.addEventListener("abort", () => r(undefined), {
+            once: true,
+          })
+        ),
+      ]);
+    }
+    await w.stop();
+    if (ended !== undefined) {
+      throw new UnavailableError(
+        a.key,
+        `bucket '${a.bucket}' was deleted: the watch ended (${ended.message})`,
+        { cause: ended },
+      );
+    }
+    return 0;
+  } finally {
+    process.off("SIGINT", onSig);
+    process.off("SIGTERM", onSig);
+    await nc.close();
+  }
+}
+
+/** `lease shards`: the members, then each shard's holder and target. */
+export async function shardsView(a: Args): Promise<number> {
+  const { nc, leases } = await open(a, {
+    createBucket: false,
+    node: `lease-cli-${process.pid}`,
+  });
+  try {
+    const slots = await Promise.all(
+      Array.from(
+        { length: a.maxMembers },
+        (_, i) => leases.holder(memberKey(a.key, i)),
+      ),
+    );
+    const members = [
+      ...new Set(slots.flatMap((h) => h ? [h.node] : [])),
+    ].sort();
+    const holders = await Promise.all(
+      Array.from(
+        { length: a.count },
+        (_, i) => leases.holder(shardKey(a.key, i)),
+      ),
+    );
+    const target = new Map<number, string>();
+    for (const [m, ss] of assignShards(a.count, members)) {
+      for (const s of ss) target.set(s, m);
+    }
+    if (a.json) {
+      process.stdout.write(
+        JSON.stringify({
+          group: a.key,
+          members,
+          shards: holders.map((h, i) => ({
+            shard: i,
+            holder: h,
+            target: target.get(i) ?? null,
+          })),
+        }) + "\n",
+      );
+      return 0;
+    }
+    const lines = [
+      `members (${members.length}): ${members.join(" ") || "none"}`,
+    ];
+    holders.forEach((h, i) => {
+      const to = target.get(i);
+      lines.push(
+        `shard ${i}: ${h === null ? "none" : `${h.node} epoch ${h.epoch}`}${
+          to !== undefined && to !== h?.node ? ` (moving to ${to})` : ""
+        }`,
+      );
+    });
+    process.stdout.write(lines.join("\n") + "\n");
+    return 0;
+  } finally {
+    await leases.close();
+    await nc.close();
+  }
+}
