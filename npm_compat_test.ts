@@ -217,24 +217,45 @@ describe("the package as JSR's npm layer ships it (ESM JavaScript + .d.ts)", () 
   });
 
   test(
-    "tsc emits one ESM .js and one .d.ts per module, importing ./lease.js and bare @nats-io/* specifiers",
+    "tsc emits one ESM .js and one .d.ts per module, importing ./lease.js, ./lease/*.js and bare @nats-io/* specifiers",
     {
       timeout: TEST_TIMEOUT,
     },
     () => {
       assert.ok(build, "the build did not run");
       assert.equal(build.code, 0, show("tsc", build));
-      for (const file of ["mod.js", "mod.d.ts", "lease.js", "lease.d.ts"]) {
-        assert.ok(fs.existsSync(path.join(pkg, file)), `${file} is missing`);
+      const modules = [
+        "lease.js",
+        ...fs.readdirSync(path.join(pkg, "lease"))
+          .filter((f) => f.endsWith(".js")).map((f) => `lease/${f}`),
+      ];
+      assert.ok(modules.includes("lease/manager.js"), modules.join(", "));
+      for (const js of ["mod.js", ...modules]) {
+        const dts = js.replace(/\.js$/, ".d.ts");
+        for (const file of [js, dts]) {
+          assert.ok(fs.existsSync(path.join(pkg, file)), `${file} is missing`);
+        }
       }
       const mod = fs.readFileSync(path.join(pkg, "mod.js"), "utf8");
       assert.match(mod, /from "\.\/lease\.js";/);
-      const lease = fs.readFileSync(path.join(pkg, "lease.js"), "utf8");
-      const imports = [...lease.matchAll(/^import .* from "([^"]+)";$/gm)]
-        .map((m) => m[1]);
+      const bare = new Set<string>();
+      for (const file of modules) {
+        const text = fs.readFileSync(path.join(pkg, file), "utf8");
+        for (
+          const m of text.matchAll(/^(?:import|export) .* from "([^"]+)";$/gm)
+        ) {
+          const spec = m[1]!;
+          if (spec.startsWith(".")) {
+            // Relative imports were rewritten to the emitted files.
+            assert.match(spec, /\.js$/, `${file} imports ${spec}`);
+            const target = path.join(path.dirname(path.join(pkg, file)), spec);
+            assert.ok(fs.existsSync(target), `${file} imports ${spec}`);
+          } else bare.add(spec);
+        }
+      }
       // nats-core only for `headers()` (a tagged KV delete needs a header
       // object that only it builds); kv and jetstream import the same copy.
-      assert.deepEqual(imports.sort(), [
+      assert.deepEqual([...bare].sort(), [
         "@nats-io/jetstream",
         "@nats-io/kv",
         "@nats-io/nats-core",

@@ -24,8 +24,9 @@ import {
   type JetStreamManager,
   jetstreamManager,
   type JsMsg,
-  PubHeaders,
 } from "@nats-io/jetstream";
+import { rawEntry } from "../lease/_nats.ts";
+import { toSeen } from "../lease/entry.ts";
 
 /**
  * What a key's last entry says:
@@ -59,33 +60,14 @@ export interface KeyRow {
   readonly expiresInMs: number | null;
 }
 
-/**
- * The header of a KV delete or purge (`DEL`, `PURGE`); none on a put.
- * nats.js names it (`kvOperationHdr`) only in the internal module of
- * `@nats-io/kv`.
- */
-const KV_OPERATION_HDR = "KV-Operation";
-
-/**
- * The header of an entry the server itself wrote (2.11+, a bucket with
- * markers), saying why: `MaxAge` when the key expired, otherwise a purge or
- * a removal. nats.js does not name it.
- */
-const MARKER_REASON_HDR = "Nats-Marker-Reason";
-
-/** The tag of a lease manager's writes: `lease:<instance>:<epoch>:<counter>`. */
-const TAG_RE = /^lease:([^:]+):(\d+):(\d+)$/;
-
-const decoder = new TextDecoder();
-
 /** The bucket's stream name. */
 function streamOf(bucket: string): string {
   return `KV_${bucket}`;
 }
 
 /**
- * Reads a key's last message into a row, as lease.ts reads an entry (its
- * `toSeen`): the same headers, the same epoch.
+ * Reads a key's last message into a row, as the lease manager reads an
+ * entry (`toSeen` in lease/entry.ts): the same headers, the same epoch.
  *
  * @param key The key.
  * @param m The message: its revision, headers, body and server timestamp (ms).
@@ -104,25 +86,25 @@ export function rowOf(
   now: number,
   ttl: number,
 ): KeyRow {
-  const h = m.headers;
-  const op = h?.get(KV_OPERATION_HDR) ?? "";
-  const marker = h?.get(MARKER_REASON_HDR) ?? "";
-  const tag = TAG_RE.exec(h?.get(PubHeaders.MsgIdHdr) ?? "");
+  // The classification the manager itself decides by (lease/entry.ts).
+  const seen = toSeen(rawEntry(m.seq, m.headers, m.data));
   const age = Math.max(0, now - m.time);
   const base = { key, revision: m.seq, renewedAgoMs: Math.round(age) };
-  const none = { ...base, holder: null, epoch: null, expiresInMs: null };
-  if (marker !== "") {
-    return { ...none, state: marker === "MaxAge" ? "expired" : "removed" };
+  if (seen.kind !== "put") {
+    return {
+      ...base,
+      state: seen.kind,
+      holder: null,
+      epoch: null,
+      expiresInMs: null,
+    };
   }
-  if (op === "DEL") return { ...none, state: tag ? "released" : "removed" };
-  if (op === "PURGE") return { ...none, state: "removed" };
-  const tagged = tag ? Number(tag[2]) : 0;
   const left = ttl > 0 ? Math.round(ttl - age) : null;
   return {
     ...base,
     state: left !== null && left <= 0 ? "expired" : "held",
-    holder: decoder.decode(m.data),
-    epoch: tagged > 0 ? tagged : m.seq,
+    holder: seen.node,
+    epoch: seen.epoch,
     expiresInMs: left,
   };
 }

@@ -1,5 +1,11 @@
-import { TimeoutError } from "@nats-io/nats-core";
-import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
+import { type MsgHdrs, TimeoutError } from "@nats-io/nats-core";
+import {
+  JetStreamApiCodes,
+  JetStreamApiError,
+  PubHeaders,
+} from "@nats-io/jetstream";
+import { KV_OPERATION_HDR, MARKER_REASON_HDR } from "./entry.ts";
+import type { RawEntry } from "./port.ts";
 import { raceAbort } from "./_async.ts";
 
 // What nats.js's answers and errors mean, and the timeouts and retries of
@@ -119,4 +125,29 @@ export function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
       );
     }),
   ]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * An entry as the server stored it, from a message's revision, headers and
+ * body: the production port's reads and watches, and `lease ls`, parse it
+ * so.
+ *
+ * @param seq The stream sequence (the KV revision).
+ * @param h The message's headers.
+ * @param data The message's body.
+ * @returns The entry.
+ */
+export function rawEntry(
+  seq: number,
+  h: MsgHdrs | undefined,
+  data: Uint8Array,
+): RawEntry {
+  const op = h?.get(KV_OPERATION_HDR);
+  return {
+    seq,
+    operation: op === "DEL" || op === "PURGE" ? op : undefined,
+    marker: h?.get(MARKER_REASON_HDR) || undefined,
+    msgId: h?.get(PubHeaders.MsgIdHdr) || undefined,
+    value: decoder.decode(data),
+  };
 }

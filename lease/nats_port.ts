@@ -26,8 +26,10 @@ import {
   decoder,
   isNoResponders,
   isStreamNotFound,
+  rawEntry,
   within,
 } from "./_nats.ts";
+import { KV_OPERATION_HDR } from "./entry.ts";
 import {
   BucketGone,
   type LinkChange,
@@ -43,7 +45,6 @@ import {
   markersVersion,
 } from "./servers.ts";
 import { ReplyTrust } from "./trust.ts";
-import { KV_OPERATION_HDR, MARKER_REASON_HDR } from "./entry.ts";
 
 // ---------------------------------------------------------------------------
 // The production port: nats.js, `performance.now()` and `setTimeout`.
@@ -568,21 +569,6 @@ function followLink(
     }
   })();
   return it as { stop?: () => void };
-}
-
-function rawEntry(
-  seq: number,
-  h: MsgHdrs | undefined,
-  data: Uint8Array,
-): RawEntry {
-  const op = h?.get(KV_OPERATION_HDR);
-  return {
-    seq,
-    operation: op === "DEL" || op === "PURGE" ? op : undefined,
-    marker: h?.get(MARKER_REASON_HDR) || undefined,
-    msgId: h?.get(PubHeaders.MsgIdHdr) || undefined,
-    value: decoder.decode(data),
-  };
 }
 
 /**

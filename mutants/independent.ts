@@ -263,9 +263,9 @@ export const INDEPENDENT: readonly Mutant[] = [
   // `lease ls` and `lease watch --prefix/--all` (cli/ls.ts).
   {
     id: "I22",
-    file: "cli/ls.ts",
-    find: "epoch: tagged > 0 ? tagged : m.seq,",
-    replace: "epoch: m.seq,",
+    file: "lease/entry.ts",
+    find: "epoch: tagged > 0 ? tagged : e.seq,",
+    replace: "epoch: e.seq,",
     test: "cli_ls_test.ts",
     name: "lease ls shows keys held",
     what:

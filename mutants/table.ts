@@ -498,20 +498,19 @@ export const MUTANTS: readonly Mutant[] = [
   // --- cli/ls.ts, cli/views.ts, cli/args.ts: lease ls and lease watch ------
   {
     id: "LS1",
-    file: "cli/ls.ts",
-    find:
-      `    return { ...none, state: marker === "MaxAge" ? "expired" : "removed" };`,
-    replace: `    return { ...none, state: "expired" };`,
+    file: "lease/entry.ts",
+    find: `    kind = e.marker === "MaxAge" ? "expired" : "removed";`,
+    replace: `    kind = "expired";`,
     test: "cli_ls_test.ts",
     name: "^lease ls and lease watch --prefix rowOf:",
     what: "every server marker (a purge's too) is read as an expiry",
   },
   {
     id: "LS2",
-    file: "cli/ls.ts",
+    file: "lease/entry.ts",
     find:
-      `  if (op === "DEL") return { ...none, state: tag ? "released" : "removed" };`,
-    replace: `  if (op === "DEL") return { ...none, state: "released" };`,
+      `  } else if (e.operation === "DEL") kind = tag ? "released" : "removed";`,
+    replace: `  } else if (e.operation === "DEL") kind = "released";`,
     test: "cli_ls_test.ts",
     name: "^lease ls and lease watch --prefix rowOf:",
     what: "anyone's delete is read as a lease manager's clean release",
@@ -527,9 +526,9 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "LS4",
-    file: "cli/ls.ts",
-    find: `    epoch: tagged > 0 ? tagged : m.seq,`,
-    replace: `    epoch: m.seq,`,
+    file: "lease/entry.ts",
+    find: `    epoch: tagged > 0 ? tagged : e.seq,`,
+    replace: `    epoch: e.seq,`,
     test: "cli_ls_test.ts",
     name: "^lease ls and lease watch --prefix rowOf:",
     what: "a renewed entry's epoch is its revision, not its tag's epoch",
