@@ -77,7 +77,7 @@ import {
   type FaultKind,
   type FaultRecord,
 } from "./check.ts";
-import { type Random, seeded } from "./prng.ts";
+import { type Random, seeded } from "../test_util/prng.ts";
 import { FencedStore, serveStore } from "./store.ts";
 
 const ROOT = fileURLToPath(new URL("..", import.meta.url));
