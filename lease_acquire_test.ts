@@ -7,8 +7,7 @@ import { after, describe } from "node:test";
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
 import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
-import { execFileSync, spawn } from "node:child_process";
-import process from "node:process";
+import { execFileSync } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
@@ -34,6 +33,7 @@ import {
   NatsServer,
   natsServerBinary,
 } from "./test_util/nats_server.ts";
+import { signal, startChild } from "./test_util/child.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 
 const TTL = 1000;
@@ -84,75 +84,11 @@ const CHILD = fileURLToPath(
   new URL("./test_util/lease_child.ts", import.meta.url),
 );
 
-function runtimeArgs(script: string): [string, string[]] {
-  // Feature checks, not name sniffing: Deno needs `run -A`.
-  if ("Deno" in globalThis) return [process.execPath, ["run", "-A", script]];
-  return [process.execPath, [script]];
-}
-
-function kill(pid: number): void {
-  try {
-    process.kill(pid, "SIGKILL");
-  } catch {
-    // already gone
-  }
-}
-
 interface ChildEvent {
   ev: string;
   t: number;
   epoch?: number;
   [k: string]: unknown;
-}
-
-function startChild(env: Record<string, string>) {
-  const [cmd, args] = runtimeArgs(CHILD);
-  const child = spawn(cmd, args, {
-    env: { ...process.env, ...env },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  const events: ChildEvent[] = [];
-  let buf = "";
-  let stderr = "";
-  child.stdout!.setEncoding("utf8");
-  child.stdout!.on("data", (d: string) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 1);
-      try {
-        events.push({ ...JSON.parse(line), at: performance.now() });
-      } catch {
-        stderr += line + "\n";
-      }
-    }
-  });
-  child.stderr!.setEncoding("utf8");
-  child.stderr!.on("data", (d: string) => stderr += d);
-  const exited = new Promise<number | null>((r) =>
-    child.on("exit", (code) => r(code))
-  );
-  return {
-    child,
-    events,
-    exited,
-    async until(pred: (e: ChildEvent) => boolean, ms = 10_000) {
-      const end = performance.now() + ms;
-      for (;;) {
-        const hit = events.find(pred);
-        if (hit) return hit;
-        if (performance.now() > end) {
-          throw new Error(
-            `child: no such event in ${
-              JSON.stringify(events)
-            }; stderr: ${stderr}`,
-          );
-        }
-        await sleep(10);
-      }
-    },
-  };
 }
 
 /**
@@ -169,7 +105,7 @@ async function campaignThreeProcesses(
   bucket: string,
 ): Promise<Record<string, number>> {
   const children = [0, 1, 2].map((i) =>
-    startChild({
+    startChild<ChildEvent>(CHILD, {
       NATS_URL: urls[i % urls.length]!,
       LEASE_BUCKET: bucket,
       LEASE_KEY: "lead",
@@ -191,7 +127,7 @@ async function campaignThreeProcesses(
 
     // SIGKILL the leader: its entry expires, then the grace runs.
     const killedAt = Date.now();
-    kill(children[first.i]!.child.pid!);
+    signal(children[first.i]!.pid, "SIGKILL");
     await children[first.i]!.exited;
     await eventually(() => leads().length === 2, 4 * TTL, "a second leader");
     const second = leads()[1]!;
@@ -225,7 +161,7 @@ async function campaignThreeProcesses(
     return { killToLead, unleadToLead: third.t - unlead.t };
   } finally {
     for (const c of children) {
-      kill(c.child.pid!);
+      signal(c.pid, "SIGKILL");
       await c.exited;
     }
   }
@@ -539,7 +475,7 @@ describe("waiting for a lease", () => {
 
   test("guard({ wait: true }) after a SIGKILLed holder writes a TTL plus the grace after its last renewal, within a bound", async () => {
     const bucket = uniq("w");
-    const c = startChild({
+    const c = startChild<ChildEvent>(CHILD, {
       NATS_URL: ns.url,
       LEASE_BUCKET: bucket,
       LEASE_KEY: "k",
@@ -561,7 +497,7 @@ describe("waiting for a lease", () => {
         return l.epoch;
       }, { wait: true });
       await sleep(300);
-      kill(c.child.pid!);
+      signal(c.pid, "SIGKILL");
       await c.exited;
       const killedAt = performance.now();
       // The holder's last renewal, stamped by the server (same machine, same
@@ -619,7 +555,7 @@ describe("waiting for a lease", () => {
         } ms after the grace that followed the expiry`,
       );
     } finally {
-      kill(c.child.pid!);
+      signal(c.pid, "SIGKILL");
       await c.exited;
     }
   });
@@ -640,7 +576,7 @@ describe("waiting for a lease", () => {
         history: 1,
         markerTTL: 1000,
       });
-      const c = startChild({
+      const c = startChild<ChildEvent>(CHILD, {
         NATS_URL: ns.url,
         LEASE_BUCKET: bucket,
         LEASE_KEY: "k",
@@ -665,7 +601,7 @@ describe("waiting for a lease", () => {
           }
         })();
         const b = await manager({ node: "b", bucket });
-        kill(c.child.pid!);
+        signal(c.pid, "SIGKILL");
         await c.exited;
         const killedAt = performance.now();
         // The waiter comes late: it first sees the dead holder's entry 700
@@ -699,7 +635,7 @@ describe("waiting for a lease", () => {
         // loaded machine 250 ms and still tells the two apart.
         assert.ok(afterMarker <= TTL + 250, `${afterMarker} ms`);
       } finally {
-        kill(c.child.pid!);
+        signal(c.pid, "SIGKILL");
         await c.exited;
       }
     },
@@ -1050,7 +986,7 @@ describe("waiting for a lease", () => {
 
   test("campaign(): a leader killed by SIGKILL is replaced after expiry plus grace, with a greater epoch", async () => {
     const bucket = uniq("c");
-    const c = startChild({
+    const c = startChild<ChildEvent>(CHILD, {
       NATS_URL: ns.url,
       LEASE_BUCKET: bucket,
       LEASE_KEY: "lead",
@@ -1077,7 +1013,7 @@ describe("waiting for a lease", () => {
       });
       await sleep(500);
       assert.equal(won.length, 0);
-      kill(c.child.pid!);
+      signal(c.pid, "SIGKILL");
       await c.exited;
       const killedAt = performance.now();
       await eventually(() => won.length === 1, 4 * TTL, "a new leader");
@@ -1101,7 +1037,7 @@ describe("waiting for a lease", () => {
         "the release",
       );
     } finally {
-      kill(c.child.pid!);
+      signal(c.pid, "SIGKILL");
       await c.exited;
     }
   });
@@ -1121,14 +1057,14 @@ describe("waiting for a lease", () => {
     // A long TTL: a timer left behind would keep the child alive for it.
     const holder = await manager({ node: "holder", bucket, ttl: 30_000 });
     await holder.guard("k", () => {});
-    const c = startChild({
+    const c = startChild<ChildEvent>(CHILD, {
       NATS_URL: ns.url,
       LEASE_BUCKET: bucket,
       LEASE_KEY: "k",
       LEASE_NODE: "waiter",
       LEASE_TTL: "30000",
       LEASE_MODE: "waitclose",
-    });
+    }, { arrival: true });
     try {
       await c.until((e) => e.ev === "waiting");
       const during = await consumers(jsm, bucket);
@@ -1146,7 +1082,7 @@ describe("waiting for a lease", () => {
       assert.equal(closed.watch, "ended after 1");
       assert.equal(await consumers(jsm, bucket), 0);
     } finally {
-      kill(c.child.pid!);
+      signal(c.pid, "SIGKILL");
       await c.exited;
     }
   });

@@ -18,6 +18,7 @@ import {
   UnavailableError,
 } from "./mod.ts";
 import { sleep } from "./test_util/lease_helpers.ts";
+import { FencedStore } from "./test_util/fenced_store.ts";
 import { NatsCluster, natsServerBinary } from "./test_util/nats_server.ts";
 import { versionOf } from "./test_util/lease_helpers.ts";
 
@@ -40,43 +41,6 @@ async function conn(
     maxReconnectAttempts: -1,
     reconnectTimeWait: 100,
   });
-}
-
-/** The store: per key, the newest epoch it accepted and who writes now. */
-class FencedStore {
-  readonly newest = new Map<string, { epoch: number; tenure: string }>();
-  readonly inside = new Map<string, string>();
-  overlaps: string[] = [];
-  regressions: string[] = [];
-  sameEpochTwoTenures: string[] = [];
-  accepted = 0;
-
-  async write(
-    key: string,
-    writer: string,
-    epoch: number,
-    tenure: string,
-  ): Promise<void> {
-    const other = this.inside.get(key);
-    if (other !== undefined) {
-      this.overlaps.push(`${key}: ${writer} while ${other}`);
-    }
-    this.inside.set(key, writer);
-    const last = this.newest.get(key);
-    if (last !== undefined && epoch < last.epoch) {
-      this.regressions.push(`${key}: epoch ${epoch} after ${last.epoch}`);
-    } else if (
-      last !== undefined && epoch === last.epoch && tenure !== last.tenure
-    ) {
-      this.sameEpochTwoTenures.push(`${key}: epoch ${epoch}`);
-    } else {
-      this.newest.set(key, { epoch, tenure });
-      this.accepted++;
-    }
-    // A write that takes a moment, so that overlapping ones are seen.
-    await sleep(1);
-    this.inside.delete(key);
-  }
 }
 
 interface Worker {
@@ -198,6 +162,7 @@ test(
       }`,
     );
     assert.deepEqual(store.overlaps, []);
+    assert.deepEqual(store.selfOverlaps, []);
     assert.deepEqual(store.regressions, []);
     assert.deepEqual(store.sameEpochTwoTenures, []);
     // Writes went on through the restarts (a test that wrote nothing would

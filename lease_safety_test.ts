@@ -8,8 +8,7 @@ import { after, describe } from "node:test";
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
 import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
-import { execFileSync, spawn } from "node:child_process";
-import process from "node:process";
+import { execFileSync } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import {
@@ -34,6 +33,7 @@ import {
   uniq,
 } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
+import { signal, startChild } from "./test_util/child.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 import { ProxiedCluster } from "./test_util/proxied_cluster.ts";
 
@@ -117,20 +117,6 @@ const CHILD = fileURLToPath(
   new URL("./test_util/lease_safety_child.ts", import.meta.url),
 );
 
-function runtimeArgs(script: string): [string, string[]] {
-  if ("Deno" in globalThis) return [process.execPath, ["run", "-A", script]];
-  return [process.execPath, [script]];
-}
-
-/** Sends a signal by pid: Deno's ChildProcess.kill() refuses a second signal. */
-function signal(pid: number, sig: NodeJS.Signals): void {
-  try {
-    process.kill(pid, sig);
-  } catch {
-    // already gone
-  }
-}
-
 interface ChildEvent {
   ev: string;
   t: number;
@@ -140,66 +126,6 @@ interface ChildEvent {
   pastDeadline?: boolean;
   threw?: string;
   error?: string;
-}
-
-function startChild(env: Record<string, string>) {
-  const [cmd, args] = runtimeArgs(CHILD);
-  const child = spawn(cmd, args, {
-    env: { ...process.env, ...env },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  const events: ChildEvent[] = [];
-  const waiters: (() => void)[] = [];
-  let buf = "";
-  let stderr = "";
-  child.stdout!.setEncoding("utf8");
-  child.stdout!.on("data", (d: string) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 1);
-      try {
-        events.push(JSON.parse(line));
-      } catch {
-        stderr += line + "\n";
-      }
-      waiters.splice(0).forEach((w) => w());
-    }
-  });
-  child.stderr!.setEncoding("utf8");
-  child.stderr!.on("data", (d: string) => stderr += d);
-  const exited = new Promise<number | null>((r) =>
-    child.on("exit", (code) => r(code))
-  );
-  return {
-    pid: child.pid!,
-    events,
-    exited,
-    async until(pred: (e: ChildEvent) => boolean, ms = 15_000) {
-      const end = performance.now() + ms;
-      for (;;) {
-        const hit = events.find(pred);
-        if (hit) return hit;
-        if (performance.now() > end) {
-          throw new Error(
-            `child: no such event in ${
-              JSON.stringify(events)
-            }; stderr: ${stderr}`,
-          );
-        }
-        await new Promise<void>((r) => {
-          waiters.push(r);
-          setTimeout(r, 100);
-        });
-      }
-    },
-    async stop() {
-      signal(child.pid!, "SIGCONT");
-      signal(child.pid!, "SIGKILL");
-      await exited;
-    },
-  };
 }
 
 // ---------------------------------------------------------------------------
@@ -366,14 +292,14 @@ describe("lease safety on one server", () => {
 
   test("close() of a manager still inside its failover grace does not let the next holder skip that grace (the previous holder may still be writing)", async () => {
     const bucket = uniq("grace");
-    const frozen = startChild({
+    const frozen = startChild<ChildEvent>(CHILD, {
       NATS_URL: ns.url,
       LEASE_BUCKET: bucket,
       LEASE_KEY: "k",
       LEASE_NODE: "frozen",
       LEASE_TTL: String(TTL),
       LEASE_WRITE_MS: "60000",
-    });
+    }, { untilMs: 15_000 });
     try {
       await frozen.until((e) => e.ev === "start");
       signal(frozen.pid, "SIGSTOP"); // mid-write, for the rest of the test
@@ -413,7 +339,7 @@ describe("lease safety on one server", () => {
 
   test("Lease.throwIfLost() in a write resumed after a pause of 3×TTL throws, and performance.now() is past lease.deadline, while the new holder writes", async () => {
     const bucket = uniq("pause");
-    const paused = startChild({
+    const paused = startChild<ChildEvent>(CHILD, {
       NATS_URL: ns.url,
       LEASE_BUCKET: bucket,
       LEASE_KEY: "k",
@@ -421,7 +347,7 @@ describe("lease safety on one server", () => {
       LEASE_TTL: String(TTL),
       LEASE_WRITE_MS: "300",
       LEASE_WRITES: "1",
-    });
+    }, { untilMs: 15_000 });
     try {
       await paused.until((e) => e.ev === "start");
       await sleep(20);
@@ -823,14 +749,14 @@ describe("lease safety on one server", () => {
   // than the TTL now makes the manager check the stream first.
   test("a holder paused past its TTL while the bucket was deleted and re-created (the new one passing its revision) never writes again", async () => {
     const bucket = uniq("silent");
-    const paused = startChild({
+    const paused = startChild<ChildEvent>(CHILD, {
       NATS_URL: ns.url,
       LEASE_BUCKET: bucket,
       LEASE_KEY: "k",
       LEASE_NODE: "p",
       LEASE_TTL: String(TTL),
       LEASE_WRITE_MS: "20",
-    });
+    }, { untilMs: 15_000 });
     try {
       await paused.until((e) => e.ev === "end");
       signal(paused.pid, "SIGSTOP");

@@ -3,8 +3,6 @@
 // `bun test` and `node --test`; NATS_SERVER_BIN picks the server binary.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
@@ -18,6 +16,7 @@ import {
   NotHolderError,
   UnavailableError,
 } from "./mod.ts";
+import { signal, startChild } from "./test_util/child.ts";
 import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 
@@ -1160,79 +1159,12 @@ const CHILD = fileURLToPath(
   new URL("./test_util/lease_child.ts", import.meta.url),
 );
 
-function runtimeArgs(script: string): [string, string[]] {
-  // Feature checks, not name sniffing: Deno needs `run -A`.
-  if ("Deno" in globalThis) return [process.execPath, ["run", "-A", script]];
-  return [process.execPath, [script]];
-}
-
-/** Sends a signal by pid: Deno's ChildProcess.kill() refuses a second signal. */
-function signal(pid: number, sig: NodeJS.Signals): void {
-  try {
-    process.kill(pid, sig);
-  } catch {
-    // already gone
-  }
-}
-
 interface ChildEvent {
   ev: string;
   t: number;
   epoch?: number;
   aborted?: boolean;
   error?: string;
-}
-
-function startChild(env: Record<string, string>) {
-  const [cmd, args] = runtimeArgs(CHILD);
-  const child = spawn(cmd, args, {
-    env: { ...process.env, ...env },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  const events: ChildEvent[] = [];
-  const waiters: (() => void)[] = [];
-  let buf = "";
-  let stderr = "";
-  child.stdout!.setEncoding("utf8");
-  child.stdout!.on("data", (d: string) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 1);
-      try {
-        events.push(JSON.parse(line));
-      } catch {
-        stderr += line + "\n";
-      }
-      waiters.splice(0).forEach((w) => w());
-    }
-  });
-  child.stderr!.setEncoding("utf8");
-  child.stderr!.on("data", (d: string) => stderr += d);
-  const exited = new Promise<number | null>((r) =>
-    child.on("exit", (code) => r(code))
-  );
-  return {
-    child,
-    events,
-    exited,
-    stderr: () => stderr,
-    async until(pred: (e: ChildEvent) => boolean, ms = 10_000) {
-      const end = performance.now() + ms;
-      for (;;) {
-        const hit = events.find(pred);
-        if (hit) return hit;
-        if (performance.now() > end) {
-          throw new Error(`child: no such event; stderr: ${stderr}`);
-        }
-        await new Promise<void>((r) => {
-          waiters.push(r);
-          setTimeout(r, 100);
-        });
-      }
-    },
-  };
 }
 
 describe("lease holder in a child process", () => {
@@ -1257,7 +1189,7 @@ describe("lease holder in a child process", () => {
       } a fresh process's first write, and is fenced by epoch`,
       async () => {
         const bucket = uniq("b");
-        const c = startChild({
+        const c = startChild<ChildEvent>(CHILD, {
           NATS_URL: ns.url,
           LEASE_BUCKET: bucket,
           LEASE_KEY: "k",
@@ -1269,7 +1201,7 @@ describe("lease holder in a child process", () => {
         try {
           const startEv = await c.until((e) => e.ev === "start");
           await sleep(20);
-          signal(c.child.pid!, "SIGSTOP"); // mid-write
+          signal(c.pid, "SIGSTOP"); // mid-write
           await sleep(TTL + 400); // the paused holder's lease expires
           const fresh = await createLeaseManager({
             nc,
@@ -1282,7 +1214,7 @@ describe("lease holder in a child process", () => {
             // The paused holder wakes up as soon as the fresh process holds
             // the key: at its first write, or when it is told to wait out
             // the grace.
-            const wake = () => signal(c.child.pid!, "SIGCONT");
+            const wake = () => signal(c.pid, "SIGCONT");
             let first: { t: number; epoch: number } | undefined;
             const end = performance.now() + 10 * TTL;
             while (!first) {
@@ -1330,8 +1262,8 @@ describe("lease holder in a child process", () => {
             await fresh.close();
           }
         } finally {
-          signal(c.child.pid!, "SIGCONT");
-          signal(c.child.pid!, "SIGKILL");
+          signal(c.pid, "SIGCONT");
+          signal(c.pid, "SIGKILL");
           await c.exited;
         }
       },
@@ -1340,7 +1272,7 @@ describe("lease holder in a child process", () => {
 
   test("a holder killed by SIGKILL is replaced after TTL plus grace with a greater epoch", async () => {
     const bucket = uniq("b");
-    const c = startChild({
+    const c = startChild<ChildEvent>(CHILD, {
       NATS_URL: ns.url,
       LEASE_BUCKET: bucket,
       LEASE_KEY: "k",
@@ -1350,7 +1282,7 @@ describe("lease holder in a child process", () => {
       LEASE_MODE: "loop",
     });
     const s = await c.until((e) => e.ev === "start");
-    signal(c.child.pid!, "SIGKILL");
+    signal(c.pid, "SIGKILL");
     await c.exited;
     const killed = performance.now();
     const m = await createLeaseManager({ nc, node: "next", bucket, ttl: TTL });
@@ -1386,7 +1318,7 @@ describe("lease holder in a child process", () => {
   ) {
     test(what, async () => {
       const bucket = uniq("b");
-      const c = startChild({
+      const c = startChild<ChildEvent>(CHILD, {
         NATS_URL: ns.url,
         LEASE_BUCKET: bucket,
         LEASE_KEY: "k",
@@ -1399,7 +1331,7 @@ describe("lease holder in a child process", () => {
         c.exited,
         sleep(3000).then(() => "hung"),
       ]);
-      if (code === "hung") signal(c.child.pid!, "SIGKILL");
+      if (code === "hung") signal(c.pid, "SIGKILL");
       assert.equal(code, 0, `exit: ${code}; ${c.stderr()}`);
       // Released by close(); without it the entry can only age out.
       const entry = await (await rawKv(nc, bucket)).get("k");

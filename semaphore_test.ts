@@ -9,7 +9,6 @@
 // Runs under `deno test -A`, `bun test` and `node --test`.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
@@ -27,6 +26,7 @@ import {
 } from "./mod.ts";
 import { instrument } from "./otel.ts";
 import { conn, eventually, sleep, uniq } from "./test_util/lease_helpers.ts";
+import { startChild } from "./test_util/child.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 
 const TTL = 1000;
@@ -85,33 +85,33 @@ describe("semaphore", () => {
     return m;
   }
 
+  /** A line of test_util/semaphore_child.ts. */
+  interface SlotEvent {
+    ev: string;
+    key?: string;
+    slot?: number;
+    epoch?: number;
+    name?: string;
+    message?: string;
+    keys?: string[];
+  }
+
   /**
    * Runs test_util/semaphore_child.ts (node "child") on `bucket` with
-   * `env`: its stdout so far, and its exit.
+   * `env`; its stderr goes to this process's.
    */
-  function startChild(bucket: string, env: Record<string, string>) {
-    const file = fileURLToPath(
-      new URL("./test_util/semaphore_child.ts", import.meta.url),
-    );
-    const child = spawn(
-      process.execPath,
-      "Deno" in globalThis ? ["run", "-A", file] : [file],
+  function startHolder(bucket: string, env: Record<string, string>) {
+    return startChild<SlotEvent>(
+      fileURLToPath(new URL("./test_util/semaphore_child.ts", import.meta.url)),
       {
-        env: {
-          ...process.env,
-          NATS_URL: ns.url,
-          LEASE_BUCKET: bucket,
-          LEASE_NODE: "child",
-          LEASE_TTL: String(TTL),
-          ...env,
-        },
-        stdio: ["ignore", "pipe", "inherit"],
+        NATS_URL: ns.url,
+        LEASE_BUCKET: bucket,
+        LEASE_NODE: "child",
+        LEASE_TTL: String(TTL),
+        ...env,
       },
+      { stderr: "inherit" },
     );
-    let text = "";
-    child.stdout!.setEncoding("utf8").on("data", (d: string) => text += d);
-    const exited = new Promise((r) => child.on("exit", r));
-    return { child, out: () => text, exited };
   }
 
   before(async () => {
@@ -449,17 +449,17 @@ describe("semaphore", () => {
   test("a SIGKILLed holder's slot is taken by a waiter after the TTL and the grace, not before", async () => {
     const bucket = uniq("s");
     const a = await manager("a", bucket);
-    const { child, out, exited } = startChild(bucket, {
+    const { child, events, exited } = startHolder(bucket, {
       LEASE_KEY: "crash",
       LEASE_LIMIT: "1",
     });
     try {
       await eventually(
-        () => out().includes('"held"'),
+        () => events.some((e) => e.ev === "held"),
         15_000,
         "the child's slot",
       );
-      const held = JSON.parse(out().trim().split("\n")[0]!);
+      const held = events[0]!;
       let wroteAt = 0;
       let epoch = 0;
       const waiting = semaphore(a, "crash", { limit: 1 }).guard((l) => {
@@ -473,7 +473,7 @@ describe("semaphore", () => {
       await waiting;
       const took = wroteAt - killedAt;
       report("SIGKILLed holder's slot to a waiter", { took });
-      assert.ok(epoch > held.epoch);
+      assert.ok(epoch > held.epoch!);
       // Not before the entry expired: a TTL after the last renewal, which
       // came at most TTL/3 before the kill (the grace after it may be cut by
       // expiry markers, nats-server 2.11.2+). Not much after the grace.
@@ -491,22 +491,20 @@ describe("semaphore", () => {
     // The child asks limit 1 with `resize: true`, so its slot key
     // (pause.r1.0) is not b's (pause.n1.0): only the turnstile keeps them
     // from holding a slot each. It stops after reading an empty census.
-    const { child, out, exited } = startChild(bucket, {
+    const { child, events, exited } = startHolder(bucket, {
       LEASE_KEY: "pause",
       LEASE_LIMIT: "1",
       LEASE_RESIZE: "1",
       LEASE_PAUSE: "census",
     });
-    const lines = () =>
-      out().trim().split("\n").filter(Boolean).map((l) => JSON.parse(l));
     try {
       await eventually(
-        () => lines().length > 0,
+        () => events.length > 0,
         15_000,
         "the child's census",
       );
       // No slot held: only its own turnstile.
-      assert.deepEqual(lines()[0], { ev: "census", keys: ["pause.next"] });
+      assert.deepEqual(events[0], { ev: "census", keys: ["pause.next"] });
       // The child holds the turnstile, unrenewed: b takes it once it
       // expired (and the grace), counts no slot held, and takes one.
       const t0 = performance.now();
@@ -519,11 +517,11 @@ describe("semaphore", () => {
       // the SIGKILL of the cleanup must still reach it.
       process.kill(child.pid!, "SIGCONT");
       await eventually(
-        () => lines().length > 1,
+        () => events.length > 1,
         10_000,
         "the child's outcome",
       );
-      const outcome = lines()[1];
+      const outcome = events[1]!;
       report("a contender paused after its census, then continued", {
         bTookTheSlot: took,
         child: outcome.ev,
@@ -535,7 +533,7 @@ describe("semaphore", () => {
         ["refused", "UnavailableError"],
         JSON.stringify(outcome),
       );
-      assert.match(outcome.message, /pause\.next/);
+      assert.match(outcome.message!, /pause\.next/);
       assert.deepEqual(
         [...(await b.holders("pause")).keys()].filter((k) =>
           k !== "pause.next"

@@ -36,6 +36,8 @@ import {
   versionOf,
 } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
+import { startChild } from "./test_util/child.ts";
+import { FencedStore } from "./test_util/fenced_store.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 
 const TTL = 1000;
@@ -177,42 +179,6 @@ describe("assignShards", () => {
 
 // ---------------------------------------------------------------------------
 // Against a real server.
-
-/**
- * A store that refuses a write older than the newest epoch it accepted for
- * the shard, and records a violation when two nodes write one shard at once
- * or a write is refused (neither may happen under the leases).
- */
-class FencedStore {
-  readonly newest = new Map<number, number>();
-  readonly active = new Map<number, string>();
-  readonly last = new Map<
-    number,
-    { node: string; epoch: number; at: number }
-  >();
-  readonly violations: string[] = [];
-  writes = 0;
-
-  async write(shard: number, node: string, epoch: number): Promise<void> {
-    const newest = this.newest.get(shard) ?? 0;
-    if (epoch < newest) {
-      this.violations.push(
-        `shard ${shard}: ${node} wrote epoch ${epoch} < ${newest}`,
-      );
-      return;
-    }
-    const other = this.active.get(shard);
-    if (other !== undefined && other !== node) {
-      this.violations.push(`shard ${shard}: ${node} and ${other} at once`);
-    }
-    this.newest.set(shard, epoch);
-    this.active.set(shard, node);
-    this.writes++;
-    await sleep(1);
-    if (this.active.get(shard) === node) this.active.delete(shard);
-    this.last.set(shard, { node, epoch, at: performance.now() });
-  }
-}
 
 /** One member in this process: its own connection and manager. */
 interface Member {
@@ -379,12 +345,12 @@ describe("shards on a real server", () => {
       }
       await sleep(300); // writes go on
       assert.deepEqual(store.violations, []);
-      assert.ok(store.writes > 0);
+      assert.ok(store.accepted > 0);
       // The member set, as each member sees it.
       for (const m of ms) {
         assert.deepEqual(m.latest()!.members, ["n0", "n1", "n2"]);
       }
-      figures.writes = String(store.writes);
+      figures.writes = String(store.accepted);
       report("joins", figures);
     } finally {
       for (const m of ms) m.stop.abort();
@@ -641,7 +607,7 @@ describe("shards on a real server", () => {
       10 * TTL,
       "a owns all",
     );
-    const child = startChild(ns.url, bucket, "k");
+    const child = startMember(ns.url, bucket, "k");
     try {
       await eventually(
         () => {
@@ -838,9 +804,9 @@ describe("shards on a real server", () => {
       change(`join ${node}`, now());
     }
 
-    const children = new Map<string, ReturnType<typeof startChild>>();
+    const children = new Map<string, ReturnType<typeof startMember>>();
     async function spawnChild(node: string): Promise<void> {
-      const c = startChild(ns.url, bucket, node, {
+      const c = startMember(ns.url, bucket, node, {
         SHARDS_WRITE_MS: "25",
         LEASE_TTL: String(ttl),
       });
@@ -1166,7 +1132,7 @@ describe("shards on a real server", () => {
   test("shards() in a child process: SIGTERM leaves, closes, and the process exits by itself", async () => {
     const bucket = uniq("sht");
     const a = await member("a", bucket, "jobs", undefined);
-    const child = startChild(ns.url, bucket, "t");
+    const child = startMember(ns.url, bucket, "t");
     try {
       await eventually(
         () =>
@@ -1581,7 +1547,7 @@ describe("shards on a real server", () => {
       }
       assert.deepEqual(store.violations, []);
       figures.takenBack = `${takenBack.length} of ${moved.length}`;
-      figures.writes = String(store.writes);
+      figures.writes = String(store.accepted);
       return { takenBack, figures };
     } finally {
       a.stop.abort();
@@ -1708,53 +1674,26 @@ interface ChildEvent {
   [k: string]: unknown;
 }
 
-function startChild(
+/** Starts a member of group "jobs" in a child process (writing no shard unless `env` says). */
+function startMember(
   url: string,
   bucket: string,
   node: string,
   env: Record<string, string> = {},
 ) {
-  const args = "Deno" in globalThis ? ["run", "-A", CHILD] : [CHILD];
-  const child = spawn(process.execPath, args, {
-    env: {
-      ...process.env,
-      NATS_URL: url,
-      LEASE_BUCKET: bucket,
-      LEASE_TTL: String(TTL),
-      LEASE_NODE: node,
-      SHARDS_GROUP: "jobs",
-      SHARDS_COUNT: String(COUNT),
-      SHARDS_WRITE_MS: "0",
-      ...env,
-    },
-    stdio: ["ignore", "pipe", "pipe"],
+  const c = startChild<ChildEvent>(CHILD, {
+    NATS_URL: url,
+    LEASE_BUCKET: bucket,
+    LEASE_TTL: String(TTL),
+    LEASE_NODE: node,
+    SHARDS_GROUP: "jobs",
+    SHARDS_COUNT: String(COUNT),
+    SHARDS_WRITE_MS: "0",
+    ...env,
   });
-  const events: ChildEvent[] = [];
-  let buf = "", err = "";
-  child.stdout!.setEncoding("utf8");
-  child.stdout!.on("data", (d: string) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 1);
-      try {
-        events.push(JSON.parse(line));
-      } catch {
-        err += line + "\n";
-      }
-    }
-  });
-  child.stderr!.setEncoding("utf8");
-  child.stderr!.on("data", (d: string) => err += d);
-  const exited = new Promise<number | string | null>((r) =>
-    child.on("exit", (code, signal) => r(code ?? signal))
-  );
   return {
-    child,
-    events,
-    exited,
-    stderr: () => err,
-    assign: () => events.filter((e) => e.ev === "assign").at(-1),
+    ...c,
+    /** Its latest assignment. */
+    assign: () => c.events.filter((e) => e.ev === "assign").at(-1),
   };
 }

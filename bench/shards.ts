@@ -27,6 +27,7 @@ import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { createLeaseManager } from "../mod.ts";
+import { readJsonLines } from "../test_util/child.ts";
 import { NatsCluster, NatsServer } from "../test_util/nats_server.ts";
 
 const arg = (name: string, dflt: string) => {
@@ -99,19 +100,12 @@ function start(name: string, url: string, bucket: string): Worker {
     stdio: ["ignore", "pipe", "inherit"],
   });
   const events: Ev[] = [];
-  let buf = "";
-  child.stdout!.setEncoding("utf8").on("data", (d: string) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 1);
-      const e = JSON.parse(line) as Ev;
-      if (e.ev === "w") {
-        for (const x of e.w!) writes.push([x[0], x[1], x[2], x[3], name]);
-      } else events.push(e);
-    }
-  });
+  readJsonLines(child.stdout!, (ev) => {
+    const e = ev as Ev;
+    if (e.ev === "w") {
+      for (const x of e.w!) writes.push([x[0], x[1], x[2], x[3], name]);
+    } else events.push(e);
+  }, (line) => process.stderr.write(`${name}: ${line}\n`));
   const w: Worker = {
     name,
     events,

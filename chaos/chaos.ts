@@ -77,7 +77,8 @@ import {
   type FaultKind,
   type FaultRecord,
 } from "./check.ts";
-import { type Random, seeded } from "./prng.ts";
+import { readJsonLines, signal } from "../test_util/child.ts";
+import { type Random, seeded } from "../test_util/prng.ts";
 import { FencedStore, serveStore } from "./store.ts";
 
 const ROOT = fileURLToPath(new URL("..", import.meta.url));
@@ -246,14 +247,6 @@ function runtimeBinary(runtime: Runtime): string {
   return path.join(ROOT, "node_modules", ".bin", runtime);
 }
 
-function signal(pid: number, sig: NodeJS.Signals): void {
-  try {
-    process.kill(pid, sig);
-  } catch {
-    // Already gone.
-  }
-}
-
 interface WorkerStats {
   attempted: number;
   notHolder: number;
@@ -319,26 +312,16 @@ class Worker {
     });
     // Keep the pipe open: the worker exits when it closes.
     this.child.stdin!.on("error", () => {});
-    let buf = "";
-    this.child.stdout!.setEncoding("utf8");
-    this.child.stdout!.on("data", (d: string) => {
-      buf += d;
-      let i;
-      while ((i = buf.indexOf("\n")) >= 0) {
-        const line = buf.slice(0, i);
-        buf = buf.slice(i + 1);
-        try {
-          const ev = JSON.parse(line);
-          if (ev.ev === "ready") this.ready = true;
-          else if (ev.ev === "term") this.termSeen = ev.t;
-          else if (ev.ev === "stall") {
-            this.stalls.push({ from: ev.from, to: ev.to });
-          } else if (ev.ev === "released") this.released = ev.t;
-          else if (ev.ev === "stats") this.stats = ev as WorkerStats;
-        } catch {
-          this.stderr = (this.stderr + line + "\n").slice(-8192);
-        }
-      }
+    readJsonLines(this.child.stdout!, (e) => {
+      const ev = e as { ev: string; t: number; from: number; to: number };
+      if (ev.ev === "ready") this.ready = true;
+      else if (ev.ev === "term") this.termSeen = ev.t;
+      else if (ev.ev === "stall") {
+        this.stalls.push({ from: ev.from, to: ev.to });
+      } else if (ev.ev === "released") this.released = ev.t;
+      else if (ev.ev === "stats") this.stats = e as WorkerStats;
+    }, (line) => {
+      this.stderr = (this.stderr + line + "\n").slice(-8192);
     });
     this.child.stderr!.setEncoding("utf8");
     this.child.stderr!.on("data", (d: string) => {

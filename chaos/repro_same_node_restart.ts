@@ -29,7 +29,6 @@
  * @module
  */
 
-import { spawn } from "node:child_process";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
@@ -38,18 +37,12 @@ import {
   NotHolderError,
   UnavailableError,
 } from "../mod.ts";
+import { signal, startChild } from "../test_util/child.ts";
 import { NatsServer } from "../test_util/nats_server.ts";
 
 const TTL = 1000;
 const sleep = (ms: number): Promise<void> =>
   new Promise((r) => setTimeout(r, ms));
-const signal = (pid: number, sig: NodeJS.Signals): void => {
-  try {
-    process.kill(pid, sig);
-  } catch {
-    // Already gone.
-  }
-};
 const CHILD = fileURLToPath(
   new URL("../test_util/lease_child.ts", import.meta.url),
 );
@@ -59,31 +52,17 @@ const nc = await connect({ servers: ns.url });
 
 async function frozenHolder(successor: string): Promise<void> {
   const bucket = `repro_${successor}`;
-  const args = "Deno" in globalThis ? ["run", "-A", CHILD] : [CHILD];
-  const child = spawn(process.execPath, args, {
-    env: {
-      ...process.env,
-      NATS_URL: ns.url,
-      LEASE_BUCKET: bucket,
-      LEASE_KEY: "k",
-      LEASE_NODE: "x",
-      LEASE_TTL: String(TTL),
-      LEASE_WRITE_MS: "300",
-      LEASE_MODE: "loop",
-    },
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  const events: { ev: string; t: number; epoch?: number }[] = [];
-  let buf = "";
-  child.stdout!.setEncoding("utf8");
-  child.stdout!.on("data", (d: string) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      events.push(JSON.parse(buf.slice(0, i)));
-      buf = buf.slice(i + 1);
-    }
-  });
+  const { child, events } = startChild<
+    { ev: string; t: number; epoch?: number }
+  >(CHILD, {
+    NATS_URL: ns.url,
+    LEASE_BUCKET: bucket,
+    LEASE_KEY: "k",
+    LEASE_NODE: "x",
+    LEASE_TTL: String(TTL),
+    LEASE_WRITE_MS: "300",
+    LEASE_MODE: "loop",
+  }, { stderr: "inherit" });
   try {
     // Freeze the holder 20 ms into a write: 280 ms of it are left.
     while (events.filter((e) => e.ev === "start").length < 2) await sleep(2);

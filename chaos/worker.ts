@@ -51,7 +51,7 @@ import {
   NotHolderError,
   UnavailableError,
 } from "../mod.ts";
-import { seeded } from "./prng.ts";
+import { seeded } from "../test_util/prng.ts";
 
 const env = process.env;
 const required = (name: string): string => {

@@ -1,14 +1,15 @@
 /**
- * Seeded randomness for the simulator: the chaos checker's sfc32 generator
- * (`../chaos/prng.ts`), plus the few distributions a history needs. Each
- * concern of a history (faults, network, workload) draws from its own
- * stream, derived from the seed and a label, so turning one fault off does
- * not reshuffle the others: that keeps a reduced trace close to the original.
+ * Seeded randomness for the simulator: the sfc32 generator the chaos checker
+ * also draws from (`../test_util/prng.ts`), plus the few distributions a
+ * history needs. Each concern of a history (faults, network, workload) draws
+ * from its own stream, derived from the seed and a label, so turning one
+ * fault off does not reshuffle the others: that keeps a reduced trace close
+ * to the original.
  *
  * @module
  */
 
-import { seeded } from "../chaos/prng.ts";
+import { seeded } from "../test_util/prng.ts";
 
 /** A seeded random source. */
 export interface Rng {

@@ -13,26 +13,11 @@
 // someone else), then close() and the connection, printing "closed" and
 // "settled": the process must then exit by itself).
 import process from "node:process";
-import { connect } from "@nats-io/transport-node";
-import { createLeaseManager, NotHolderError } from "../mod.ts";
+import { NotHolderError } from "../mod.ts";
+import { env, openLeases, say, sleep } from "./child_preamble.ts";
 
-const env = process.env;
-const say = (ev: string, extra: Record<string, unknown> = {}) =>
-  console.log(JSON.stringify({ ev, t: Date.now(), ...extra }));
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-const nc = await connect({
-  servers: env.NATS_URL!,
-  maxReconnectAttempts: -1,
-  reconnectTimeWait: 100,
-});
-const leases = await createLeaseManager({
-  nc,
-  node: env.LEASE_NODE!,
-  bucket: env.LEASE_BUCKET!,
-  ttl: Number(env.LEASE_TTL),
-  restartGrace: false,
-  markers: env.LEASE_MARKERS !== "0",
+const { nc, leases } = await openLeases({
+  manager: { restartGrace: false, markers: env.LEASE_MARKERS !== "0" },
 });
 const key = env.LEASE_KEY!;
 const writeMs = Number(env.LEASE_WRITE_MS ?? 100);

@@ -16,26 +16,10 @@
 // LEASE_WRITE_MS (how long each write sleeps), LEASE_WRITES (how many
 // writes before the process exits; default: forever).
 import process from "node:process";
-import { connect } from "@nats-io/transport-node";
-import { createLeaseManager, type Lease } from "../mod.ts";
+import type { Lease } from "../mod.ts";
+import { env, openLeases, say, sleep } from "./child_preamble.ts";
 
-const env = process.env;
-const say = (ev: string, extra: Record<string, unknown> = {}) =>
-  console.log(JSON.stringify({ ev, t: Date.now(), ...extra }));
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-const nc = await connect({
-  servers: env.NATS_URL!,
-  maxReconnectAttempts: -1,
-  reconnectTimeWait: 100,
-});
-const leases = await createLeaseManager({
-  nc,
-  node: env.LEASE_NODE!,
-  bucket: env.LEASE_BUCKET!,
-  ttl: Number(env.LEASE_TTL),
-  restartGrace: false,
-});
+const { leases } = await openLeases({ manager: { restartGrace: false } });
 const key = env.LEASE_KEY!;
 const writeMs = Number(env.LEASE_WRITE_MS ?? 100);
 let left = Number(env.LEASE_WRITES ?? Infinity);

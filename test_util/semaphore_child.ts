@@ -1,7 +1,7 @@
 // A semaphore slot holder run as a child process by semaphore_test.ts, so a
 // test can SIGKILL or SIGSTOP a real contender. Acquires one slot of
 // LEASE_KEY (limit LEASE_LIMIT), prints {"ev":"held","key","slot","epoch","t"}
-// and waits to be killed; prints {"ev":"refused","name","message"} when
+// and waits to be killed; prints {"ev":"refused","name","message","t"} when
 // acquire() rejects.
 //
 // With LEASE_PAUSE=census it stops itself (SIGSTOP) right after the first
@@ -14,8 +14,8 @@
 // Environment: NATS_URL, LEASE_BUCKET, LEASE_KEY, LEASE_NODE, LEASE_TTL,
 // LEASE_LIMIT; LEASE_RESIZE=1 for `resize: true`; LEASE_PAUSE=census.
 import process from "node:process";
-import { connect } from "@nats-io/transport-node";
-import { createLeaseManager, type LeaseManager, semaphore } from "../mod.ts";
+import { type LeaseManager, semaphore } from "../mod.ts";
+import { env, openLeases, say } from "./child_preamble.ts";
 
 /**
  * `leases`, stopping this process after the first `holders()` it answers
@@ -53,19 +53,7 @@ function pausedAfterCensus(leases: LeaseManager): LeaseManager {
   });
 }
 
-const env = process.env;
-const nc = await connect({
-  servers: env.NATS_URL!,
-  maxReconnectAttempts: -1,
-  reconnectTimeWait: 100,
-});
-const leases = await createLeaseManager({
-  nc,
-  node: env.LEASE_NODE!,
-  bucket: env.LEASE_BUCKET!,
-  ttl: Number(env.LEASE_TTL),
-  restartGrace: false,
-});
+const { leases } = await openLeases({ manager: { restartGrace: false } });
 const sem = semaphore(
   env.LEASE_PAUSE === "census" ? pausedAfterCensus(leases) : leases,
   env.LEASE_KEY!,
@@ -73,17 +61,9 @@ const sem = semaphore(
 );
 try {
   const slot = await sem.acquire();
-  console.log(JSON.stringify({
-    ev: "held",
-    key: slot.key,
-    slot: slot.slot,
-    epoch: slot.epoch,
-    t: Date.now(),
-  }));
+  say("held", { key: slot.key, slot: slot.slot, epoch: slot.epoch });
 } catch (err) {
   const e = err as Error;
-  console.log(
-    JSON.stringify({ ev: "refused", name: e.name, message: e.message }),
-  );
+  say("refused", { name: e.name, message: e.message });
 }
 setInterval(() => {}, 60_000); // held until killed

@@ -20,26 +20,15 @@
 // the connection, prints "closed" and must then exit by itself: a timer or
 // a consumer left behind would keep it alive.
 import process from "node:process";
-import { connect } from "@nats-io/transport-node";
-import { createLeaseManager, shards } from "../mod.ts";
+import { shards } from "../mod.ts";
 import type { ShardLease } from "../shards.ts";
+import { env, openLeases, reporter } from "./child_preamble.ts";
 
-const env = process.env;
 const now = () => performance.timeOrigin + performance.now();
-const say = (ev: string, extra: Record<string, unknown> = {}) =>
-  process.stdout.write(JSON.stringify({ ev, t: now(), ...extra }) + "\n");
+const say = reporter(now);
 
-const nc = await connect({
-  servers: env.NATS_URL!.split(","),
-  maxReconnectAttempts: -1,
-  reconnectTimeWait: 100,
-  ignoreClusterUpdates: true,
-});
-const leases = await createLeaseManager({
-  nc,
-  node: env.LEASE_NODE!,
-  bucket: env.LEASE_BUCKET!,
-  ttl: Number(env.LEASE_TTL),
+const { nc, leases } = await openLeases({
+  connect: { ignoreClusterUpdates: true },
 });
 // The manager's own account of each takeover and release, so the bench can
 // tell which path a late takeover took (lease.ts, point 3).

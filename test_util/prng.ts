@@ -1,6 +1,7 @@
 /**
  * A small seeded pseudo-random generator (sfc32 seeded through a string
- * hash), so that a chaos run's choices follow from its seed.
+ * hash), so that a chaos run's choices, and a simulated history
+ * (`sim/random.ts`), follow from its seed.
  *
  * @module
  */
