@@ -5,7 +5,6 @@ import { after, describe } from "node:test";
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
 import { before, test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
@@ -20,35 +19,22 @@ import {
   NotHolderError,
   UnavailableError,
 } from "./mod.ts";
-import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
+import {
+  clusterConn as conn,
+  guardUntil,
+  sleep,
+  uniq,
+  versionOf,
+} from "./test_util/lease_helpers.ts";
+import { casSafeVersion } from "./lease.ts";
 import { NatsCluster, natsServerBinary } from "./test_util/nats_server.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 
 const TTL = 1000;
 
-const version = /v?(\d+)\.(\d+)\.(\d+)/.exec(
-  execFileSync(natsServerBinary(), ["--version"], { encoding: "utf8" }),
-)!;
-const [maj, min, pat] = [
-  Number(version[1]),
-  Number(version[2]),
-  Number(version[3]),
-];
-const casSafe = maj > 2 || (maj === 2 && (min > 9 || pat >= 21));
-
-/** A connection to every node, preferring node `first`, that fails over. */
-async function conn(
-  cluster: NatsCluster,
-  first: number,
-): Promise<NatsConnection> {
-  const urls = cluster.urls;
-  return await connect({
-    servers: [...urls.slice(first), ...urls.slice(0, first)],
-    noRandomize: true,
-    maxReconnectAttempts: -1,
-    reconnectTimeWait: 100,
-  });
-}
+const version = versionOf(natsServerBinary());
+// Replicated buckets are refused before 2.9.21 (nats-server#4320).
+const casSafe = casSafeVersion(version);
 
 interface Write {
   node: string;
@@ -92,9 +78,7 @@ describe("lease manager on a 3-node cluster", () => {
 
   if (!casSafe) {
     test(
-      `createLeaseManager() refuses a replicated bucket on nats-server ${
-        version[0]
-      } and says why`,
+      `createLeaseManager() refuses a replicated bucket on nats-server ${version} and says why`,
       async () => {
         const nc = await connTo(0);
         await assert.rejects(
@@ -113,9 +97,7 @@ describe("lease manager on a 3-node cluster", () => {
     );
 
     test(
-      `createLeaseManager() keeps R1 buckets working on nats-server ${
-        version[0]
-      }`,
+      `createLeaseManager() keeps R1 buckets working on nats-server ${version}`,
       async () => {
         const nc = await connTo(1);
         const m = await createLeaseManager({

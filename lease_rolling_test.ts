@@ -9,7 +9,6 @@
 // A failed test names the servers' last log lines (test_util/server_logs.ts).
 import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
-import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
   createLeaseManager,
@@ -20,28 +19,14 @@ import {
 import { sleep } from "./test_util/lease_helpers.ts";
 import { FencedStore } from "./test_util/fenced_store.ts";
 import { NatsCluster, natsServerBinary } from "./test_util/nats_server.ts";
-import { versionOf } from "./test_util/lease_helpers.ts";
+import { clusterConn as conn, versionOf } from "./test_util/lease_helpers.ts";
+import { casSafeVersion } from "./lease.ts";
 
 const TTL = 2_000;
 const KEYS = Array.from({ length: 100 }, (_, i) => `k${i}`);
 const version = versionOf(natsServerBinary());
-const [maj = 0, min = 0, pat = 0] = version.split(".").map(Number);
 // Replicated buckets are refused before 2.9.21 (nats-server#4320).
-const casSafe = maj > 2 || (maj === 2 && (min > 9 || (min === 9 && pat >= 21)));
-
-/** A connection to every server, preferring server `first`, that fails over. */
-async function conn(
-  cluster: NatsCluster,
-  first: number,
-): Promise<NatsConnection> {
-  const urls = cluster.urls;
-  return await connect({
-    servers: [...urls.slice(first), ...urls.slice(0, first)],
-    noRandomize: true,
-    maxReconnectAttempts: -1,
-    reconnectTimeWait: 100,
-  });
-}
+const casSafe = casSafeVersion(version);
 
 interface Worker {
   name: string;

@@ -114,6 +114,23 @@ export async function conn(url: string): Promise<NatsConnection> {
   });
 }
 
+/**
+ * A connection to every server of a cluster, preferring server `first`, that
+ * fails over to the others and reconnects for ever, quickly.
+ */
+export async function clusterConn(
+  cluster: { readonly urls: readonly string[] },
+  first: number,
+): Promise<NatsConnection> {
+  const urls = cluster.urls;
+  return await connect({
+    servers: [...urls.slice(first), ...urls.slice(0, first)],
+    noRandomize: true,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 100,
+  });
+}
+
 /** The `x.y.z` version a nats-server binary reports. */
 export function versionOf(binary: string): string {
   return /v?(\d+\.\d+\.\d+)/.exec(
