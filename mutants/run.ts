@@ -1,8 +1,8 @@
 /**
  * The mutant table's runner: puts each hand-made bug of `table.ts` (or of
- * `independent.ts` or `independent2.ts`, sets made without sight of the
- * table) into a copy of the work tree, runs the test that must catch it,
- * and prints the score. A mutant is killed when its test fails; it survived
+ * `independent.ts`, `independent2.ts` or `independent3.ts`, sets made
+ * without sight of the table) into a copy of the work tree, runs the test
+ * that must catch it, and prints the score. A mutant is killed when its test fails; it survived
  * when the test passes.
  * Before any mutant, every test named by the set must pass on the unmutated
  * copy: a test that already fails would kill every mutant and prove
@@ -15,12 +15,12 @@
  * under a mutant may leave a command or a server behind.
  *
  * Usage (Node 24):
- *   node mutants/run.ts [--set table|independent|independent2|all]
+ *   node mutants/run.ts [--set table|independent|independent2|independent3|all]
  *     [--only ID,ID...] [--part K/N] [--min PERCENT]
  *
  *   --set     which mutants: `table.ts`'s (default), `independent.ts`'s,
  *             `independent2.ts`'s (a second set made without sight of the
- *             others), or all three
+ *             others), `independent3.ts`'s (a third), or all four
  *   --only    run these mutants only
  *   --part    run the K-th of N slices of the table (1-based), for a CI that
  *             rotates through it
@@ -45,6 +45,7 @@ import { type Mutant, MUTANTS } from "./table.ts";
 import { ownCgroup } from "../cli/cgroup.ts";
 import { INDEPENDENT } from "./independent.ts";
 import { INDEPENDENT2 } from "./independent2.ts";
+import { INDEPENDENT3 } from "./independent3.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 /** How long one test run may take before it counts as a failure (killed). */
@@ -55,7 +56,8 @@ const SETS: Record<string, readonly Mutant[]> = {
   table: MUTANTS,
   independent: INDEPENDENT,
   independent2: INDEPENDENT2,
-  all: [...MUTANTS, ...INDEPENDENT, ...INDEPENDENT2],
+  independent3: INDEPENDENT3,
+  all: [...MUTANTS, ...INDEPENDENT, ...INDEPENDENT2, ...INDEPENDENT3],
 };
 
 interface Args {
@@ -79,7 +81,7 @@ function parseArgs(argv: string[]): Args {
       const set = Object.hasOwn(SETS, value) ? SETS[value] : undefined;
       if (set === undefined) {
         throw new RangeError(
-          `Cannot run mutants as --set must be table, independent, independent2 or all: received '${value}'`,
+          `Cannot run mutants as --set must be table, independent, independent2, independent3 or all: received '${value}'`,
         );
       }
       args.set = set;
