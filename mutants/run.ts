@@ -1,9 +1,9 @@
 /**
  * The mutant table's runner: puts each hand-made bug of `table.ts` (or of
- * `independent.ts`, `independent2.ts` or `independent3.ts`, sets made
- * without sight of the table) into a copy of the work tree, runs the test
- * that must catch it, and prints the score. A mutant is killed when its test fails; it survived
- * when the test passes.
+ * `independent.ts`, `independent2.ts`, `independent3.ts` or
+ * `independent4.ts`, sets made without sight of the table) into a copy of
+ * the work tree, runs the test that must catch it, and prints the score. A
+ * mutant is killed when its test fails; it survived when the test passes.
  * Before any mutant, every test named by the set must pass on the unmutated
  * copy: a test that already fails would kill every mutant and prove
  * nothing.
@@ -15,12 +15,14 @@
  * under a mutant may leave a command or a server behind.
  *
  * Usage (Node 24):
- *   node mutants/run.ts [--set table|independent|independent2|independent3|all]
+ *   node mutants/run.ts
+ *     [--set table|independent|independent2|independent3|independent4|all]
  *     [--only ID,ID...] [--part K/N] [--min PERCENT]
  *
  *   --set     which mutants: `table.ts`'s (default), `independent.ts`'s,
  *             `independent2.ts`'s (a second set made without sight of the
- *             others), `independent3.ts`'s (a third), or all four
+ *             others), `independent3.ts`'s (a third), `independent4.ts`'s
+ *             (a fourth), or all five
  *   --only    run these mutants only
  *   --part    run the K-th of N slices of the table (1-based), for a CI that
  *             rotates through it
@@ -46,6 +48,7 @@ import { ownCgroup } from "../cli/cgroup.ts";
 import { INDEPENDENT } from "./independent.ts";
 import { INDEPENDENT2 } from "./independent2.ts";
 import { INDEPENDENT3 } from "./independent3.ts";
+import { INDEPENDENT4 } from "./independent4.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 /** How long one test run may take before it counts as a failure (killed). */
@@ -57,7 +60,14 @@ const SETS: Record<string, readonly Mutant[]> = {
   independent: INDEPENDENT,
   independent2: INDEPENDENT2,
   independent3: INDEPENDENT3,
-  all: [...MUTANTS, ...INDEPENDENT, ...INDEPENDENT2, ...INDEPENDENT3],
+  independent4: INDEPENDENT4,
+  all: [
+    ...MUTANTS,
+    ...INDEPENDENT,
+    ...INDEPENDENT2,
+    ...INDEPENDENT3,
+    ...INDEPENDENT4,
+  ],
 };
 
 interface Args {
@@ -81,7 +91,7 @@ function parseArgs(argv: string[]): Args {
       const set = Object.hasOwn(SETS, value) ? SETS[value] : undefined;
       if (set === undefined) {
         throw new RangeError(
-          `Cannot run mutants as --set must be table, independent, independent2, independent3 or all: received '${value}'`,
+          `Cannot run mutants as --set must be table, independent, independent2, independent3, independent4 or all: received '${value}'`,
         );
       }
       args.set = set;
