@@ -670,5 +670,13 @@ export function parse(argv: string[]): Args {
       EXIT.BAD_DURATION,
     );
   }
+  // The longest timer delay: createLeaseManager refuses a longer TTL, but
+  // only after connecting.
+  if (a.ttl !== undefined && a.ttl > 2 ** 31 - 1) {
+    throw fail(
+      `--ttl must be at most ${2 ** 31 - 1} ms: received ${a.ttl}`,
+      EXIT.BAD_DURATION,
+    );
+  }
   return a;
 }

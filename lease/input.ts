@@ -25,6 +25,17 @@ export function checkKey(verb: string, key: unknown): asserts key is string {
   }
 }
 
+/** `signal` of a call on `key`: an AbortSignal or undefined. */
+export function checkSignal(verb: string, key: string, signal: unknown): void {
+  if (signal !== undefined && !(signal instanceof AbortSignal)) {
+    throw new TypeError(
+      `Cannot ${verb} on '${key}' as 'signal' must be an AbortSignal: received ${
+        describe(signal)
+      }`,
+    );
+  }
+}
+
 export function checkDuration(
   name: string,
   value: unknown,

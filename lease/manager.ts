@@ -270,7 +270,7 @@ import {
   LeaseRenewedEvent,
   RenewalFailedEvent,
 } from "./events.ts";
-import { checkKey, describe } from "./input.ts";
+import { checkKey, checkSignal, describe } from "./input.ts";
 import {
   BucketGone,
   type LinkChange,
@@ -721,6 +721,7 @@ export class Manager extends EventTarget implements LeaseManager {
         );
       }
       const signal = options?.signal;
+      checkSignal("guard a write", key, signal);
       if (
         known && (check ?? this.#check) === "lease" &&
         this.#fresh(known, signal)
@@ -1094,6 +1095,7 @@ export class Manager extends EventTarget implements LeaseManager {
   campaign(key: string, options?: WatchOptions): AsyncIterable<Lease> {
     checkKey("campaign", key);
     this.#checkOpen("campaign", key);
+    checkSignal("campaign", key, options?.signal);
     return this.#campaign(key, options?.signal);
   }
 
@@ -1150,6 +1152,7 @@ export class Manager extends EventTarget implements LeaseManager {
   watch(key: string, options?: WatchOptions): AsyncIterable<Holder | null> {
     checkKey("watch a lease", key);
     this.#checkOpen("watch a lease", key);
+    checkSignal("watch a lease", key, options?.signal);
     return this.#watchHolders(key, options?.signal);
   }
 

@@ -484,7 +484,7 @@ export interface LeaseManager extends AsyncDisposable, EventTarget {
    * @returns What `write` returns; what it throws is rethrown unchanged, and the lease stays held.
    * @throws {NotHolderError} Another node holds the key, or the grace after a takeover is running; `write` was not called. Never with `wait: true`.
    * @throws {UnavailableError} The server could not be reached, answered too late, or the bucket is gone; `write` was not called. With `wait: true`, only when the bucket is gone or the connection closed for good.
-   * @throws {TypeError} The key is invalid, `write` is not a function, `wait` is not a boolean, `check` is neither `"cas"` nor `"lease"`, or the manager is closed (also while waiting).
+   * @throws {TypeError} The key is invalid, `write` is not a function, `wait` is not a boolean, `check` is neither `"cas"` nor `"lease"`, `signal` is not an `AbortSignal`, or the manager is closed (also while waiting).
    * @throws {unknown} With `wait: true`, the reason of `options.signal` when it aborts before the write started.
    *
    * @example Guard a write
@@ -604,7 +604,7 @@ export interface LeaseManager extends AsyncDisposable, EventTarget {
    * @param key The store key.
    * @param options A signal that ends the campaign.
    * @returns The tenures won, as leases, one at a time.
-   * @throws {TypeError} The key is invalid or the manager is closed.
+   * @throws {TypeError} The key is invalid, `signal` is not an `AbortSignal`, or the manager is closed.
    * @throws {UnavailableError} While iterating: the bucket is gone or the connection closed for good.
    *
    * @example Run a singleton job on whichever node leads
@@ -638,7 +638,7 @@ export interface LeaseManager extends AsyncDisposable, EventTarget {
    * @param key The store key.
    * @param options A signal that ends the iteration.
    * @returns The holder, then each change of holder.
-   * @throws {TypeError} The key is invalid or the manager is closed.
+   * @throws {TypeError} The key is invalid, `signal` is not an `AbortSignal`, or the manager is closed.
    * @throws {UnavailableError} While iterating: the bucket was deleted or re-created.
    *
    * @example Route writes to the holder
