@@ -7,8 +7,10 @@
 # Environment:
 #   MUTANTS_MIN   the lowest score that passes, in percent (default 90)
 #   MUTANTS_PART  run only slice K/N of the table (default: all of it)
-#   MUTANTS_SET   table, independent or all: which mutants (default: table,
-#                 mutants/table.ts; independent is mutants/independent.ts)
+#   MUTANTS_SET   which mutants: table (default, mutants/table.ts),
+#                 independent, independent2, independent3, independent4 (the
+#                 sets made without sight of the table, mutants/independent*.ts)
+#                 or all
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
