@@ -149,12 +149,22 @@ describe("instrument()", () => {
     await ns?.[Symbol.asyncDispose]();
   });
 
-  async function manager(node: string, bucket: string): Promise<LeaseManager> {
+  async function manager(
+    node: string,
+    bucket: string,
+    check?: "cas" | "lease",
+  ): Promise<LeaseManager> {
     const nc = await conn(ns.url);
     conns.push(nc);
     // A short TTL: on a server without expiry markers (2.9.10) every fresh
     // key owes a grace of one TTL.
-    const m = await createLeaseManager({ nc, node, bucket, ttl: 1000 });
+    const m = await createLeaseManager({
+      nc,
+      node,
+      bucket,
+      ttl: 1000,
+      ...(check === undefined ? {} : { check }),
+    });
     managers.push(m);
     return m;
   }
@@ -360,6 +370,32 @@ describe("instrument()", () => {
     const got2 = await collect(reader2);
     assert.equal(point(got2, "lease.guard.duration", leaseOk)?.count, 1);
     timed.stop();
+  });
+
+  test("instrument()'s check names the manager's default: a guard without its own check counts as that, and one naming cas as cas", async () => {
+    // A manager made with check: "lease" guards with the lease check unless
+    // a call says otherwise; instrument() cannot read that option, so it is
+    // told, and must use it for every guard that names none.
+    const bucket = uniq("otel");
+    const reader = new Reader();
+    const provider = new MeterProvider({ readers: [reader] });
+    providers.push(provider);
+    const m = instrument(await manager("a", bucket, "lease"), {
+      meter: provider.getMeter("test"),
+      check: "lease",
+    });
+    await acquire(m, "k");
+    for (let i = 0; i < 2; i++) await m.guard("k", () => {});
+    await m.guard("k", () => {}, { check: "cas" });
+    const got = await collect(reader);
+    const leaseOk = { "lease.check": "lease", "lease.guard.outcome": "ok" };
+    const casOk = { "lease.check": "cas", "lease.guard.outcome": "ok" };
+    // acquire()'s guard names no check either.
+    assert.equal(point(got, "lease.guards", leaseOk)?.value, 3);
+    assert.equal(point(got, "lease.guards", casOk)?.value, 1);
+    // Lease-checked guards are not timed without leaseDurations.
+    assert.equal(point(got, "lease.guard.duration", leaseOk), undefined);
+    assert.equal(point(got, "lease.guard.duration", casOk)?.count, 1);
   });
 
   test("a rejected guard is counted in lease.guard.rejections by error class", async () => {
