@@ -1157,12 +1157,12 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
   })();
 
   test(
-    "--contain: a worker that escaped the process group is stopped with the command when the lease is lost, and by the watchdog when lease is killed",
+    "--contain: a worker that escaped the process group is stopped with the command when the lease is lost, with it when a SIGTERM is passed on, and by the watchdog when lease is killed",
     {
       skip: noCgroup,
     },
     async () => {
-      for (const how of ["evicted", "kill -9"] as const) {
+      for (const how of ["evicted", "SIGTERM", "kill -9"] as const) {
         const key = uniq("ct");
         const marker = `ct-${key}`;
         const file = path.join(tmp, `ct-${key}`);
@@ -1182,6 +1182,18 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
             assert.equal(await a.exited, 75, a.err());
             // lease exits once its cgroup is empty, or after kill-after.
             assert.equal(pidRuns(file), false, "the worker outlived lease");
+          } else if (how === "SIGTERM") {
+            // The signal passed on reaches the whole cgroup, not only the
+            // command's process group: the worker stops with the command,
+            // lease exits 128 + 15 and removes the empty cgroup.
+            a.child.kill("SIGTERM");
+            assert.equal(
+              await exitWithin(a, 5_000, "SIGTERM passed on"),
+              143,
+              a.err(),
+            );
+            assert.equal(pidRuns(file), false, "the worker outlived lease");
+            assert.doesNotMatch(a.err(), /could not remove the cgroup/);
           } else {
             a.child.kill("SIGKILL");
             await a.exited;
