@@ -243,7 +243,8 @@ export const INDEPENDENT4: readonly Mutant[] = [
     find: 'const check = (options?.check ?? this.#check) === "lease" ? 1 : 0;',
     replace: 'const check = options?.check === "lease" ? 1 : 0;',
     test: "otel_test.ts",
-    name: "guard\\(\\) counts every guard by check and outcome",
+    // Named after the first measurement: the test written for it.
+    name: "instrument\\(\\)'s check names the manager's default",
     what:
       "instrument()'s check option (the manager's default check) is ignored: guards without their own check are counted and timed as cas",
   },
