@@ -42,7 +42,7 @@ export const EXIT: {
   readonly NOT_HOLDER: 1;
   /**
    * `lease run -n N`: a slot of KEY is held under another limit (a
-   * {@linkcode LimitMismatchError}); nothing was run.
+   * `LimitMismatchError` of `semaphore()`); nothing was run.
    */
   readonly LIMIT_MISMATCH: 76;
 } = {
