@@ -1186,7 +1186,7 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
             // The signal passed on reaches the whole cgroup, not only the
             // command's process group: the worker stops with the command,
             // lease exits 128 + 15 and removes the empty cgroup.
-            a.child.kill("SIGTERM");
+            signal(a, "SIGTERM");
             assert.equal(
               await exitWithin(a, 5_000, "SIGTERM passed on"),
               143,
