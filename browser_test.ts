@@ -16,7 +16,7 @@
 // - the module runs in a dedicated Web Worker of a page;
 // - examples/browser/ shows the leader, and a closed leading tab hands over
 //   at once (LEASE_SCREENSHOT=1 saves docs/img/browser-leader.png);
-// - the README's browser quick start, built and served by its esbuild
+// - docs/runtimes.md's browser quick start, built and served by its esbuild
 //   command, shows a leader, and hands over when the leading tab closes;
 // - no page logs an uncaught error or a console.error (a worker's errors
 //   reach its page's events too).
@@ -697,7 +697,7 @@ test(
 );
 
 // ---------------------------------------------------------------------------
-// The README's browser quick start, run as written, with the changes
+// docs/runtimes.md's browser quick start, run as written, with the changes
 // readme_test.ts makes too: free ports in place of 8000 and 8080, a temp
 // folder in place of the quick start's. That folder has the packages
 // installed; here the clone's node_modules and, for @nats-lease/lease, an
@@ -734,10 +734,10 @@ async function stopQuickstart(): Promise<void> {
 }
 
 test(
-  "the README's browser quick start, built and served by its esbuild command: a tab leads, and the other once it is closed",
+  "docs/runtimes.md's browser quick start, built and served by its esbuild command: a tab leads, and the other once it is closed",
   { timeout: 25_000 },
   async () => {
-    const doc = "README.md";
+    const doc = "docs/runtimes.md";
     const dir = fs.mkdtempSync(path.join(dist!, "quickstart-"));
     fs.writeFileSync(path.join(dir, "index.html"), block(doc, "browser-html"));
     const app = block(doc, "browser-app");
