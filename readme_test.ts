@@ -9,6 +9,11 @@
 // become temporary ones, the `lease` blocks get the server from NATS_URL,
 // and examples/deno.ts runs 2 s (RUN_FOR_MS) instead of 30.
 //
+// Every block runs with a newcomer's PATH (NEWCOMER_PATH), not the one this
+// test was started with: a block that calls deno, bun, nats-server or lease
+// bare, or needs node_modules/.bin or .tools/bin on PATH, fails here as it
+// fails for a reader, unless the block puts the tool there itself.
+//
 // The quick start and the leader-election example run under this test's
 // runtime as the README says (`deno run -A app.js`, `bun app.js`); under
 // `node --test` they run with the machine's own, older Node first on PATH
@@ -76,6 +81,15 @@ const files = [
 ];
 const blocks = files.flatMap(parseBlocks);
 
+/**
+ * A newcomer's PATH after the set-up the docs give: the machine's own
+ * directories, with Debian 12's Node 20 and npm in /usr/bin, and nothing the
+ * clone installs (node_modules/.bin, .tools/bin). A developer's shell often
+ * has more (a deno of its own, node_modules/.bin), and a block that used it
+ * passed here while it failed for a reader.
+ */
+const NEWCOMER_PATH = "/usr/local/bin:/usr/bin:/bin";
+
 function block(name: string): string {
   const found = blocks.filter((b) => b.name === name);
   assert.equal(found.length, 1, `one block named '${name}'`);
@@ -118,6 +132,7 @@ function run(
   const all: Record<string, string | undefined> = {
     ...process.env,
     NO_COLOR: "1",
+    PATH: NEWCOMER_PATH,
     ...env,
   };
   // Set by `node --test`; a child node process that sees it reports as a
@@ -196,6 +211,7 @@ async function startServerBlock(
   let log = "";
   const child = spawn("bash", ["-euo", "pipefail", "-c", code], {
     cwd: root,
+    env: { ...process.env, PATH: NEWCOMER_PATH },
     detached: true,
     stdio: ["ignore", "pipe", "pipe"],
   });
@@ -259,7 +275,7 @@ describe("the README's and docs' code blocks, run as written", () => {
   let server: { child: ChildProcess; log: () => string } | undefined;
   let installed: Done;
   /** PATH and command for `node X` lines, per this test's runtime. */
-  let env: Record<string, string> = {};
+  let env: Record<string, string> = { PATH: NEWCOMER_PATH };
   let nodeCmd = "node";
   let nodeSeen = "";
 
@@ -311,10 +327,10 @@ describe("the README's and docs' code blocks, run as written", () => {
     if (runtime === "node") {
       const old = await olderNode();
       if (old) {
-        env = { PATH: `${old.dir}:${process.env.PATH}` };
+        env = { PATH: `${old.dir}:${NEWCOMER_PATH}` };
         nodeSeen = `the machine's ${old.version} (${old.dir}/node)`;
       } else {
-        env = { PATH: `${path.dirname(process.execPath)}:${process.env.PATH}` };
+        env = { PATH: `${path.dirname(process.execPath)}:${NEWCOMER_PATH}` };
         nodeSeen = `${process.version}: no Node older than 24 on this machine`;
       }
     } else {
@@ -374,7 +390,9 @@ describe("the README's and docs' code blocks, run as written", () => {
       "leaf-run",
       "examples-run",
       "events",
+      "otel-install",
       "otel-metrics",
+      "otel-metrics-run",
       "otel-metrics-output",
     ]);
     const unnamed = blocks.filter((b) => b.name === undefined)
@@ -517,30 +535,49 @@ describe("the README's and docs' code blocks, run as written", () => {
   );
 
   test(
-    "docs/observability.md's metrics block: /metrics shows the tenure, the key held and the guard, as its output block says",
-    { timeout: 60_000 },
+    "docs/observability.md's metrics example, in a folder of its own: /metrics shows the tenure, the key held and the guard, as its output block says",
+    { timeout: 120_000 },
     async () => {
-      // Under this test's runtime, in the clone (the packed package has no
-      // ./otel entry yet): the two package names point at its files.
-      const file = path.join(root, `.readme-otel-${process.pid}.ts`);
+      // As pasted: the folder made from the packed package, the install
+      // line, metrics.js, then `node metrics.js` (this test's runtime in
+      // its place under Deno and Bun). The folder is outside the clone, so
+      // a package the install line leaves out is missing here too.
       const metricsPort = await freePort();
-      fs.writeFileSync(
-        file,
-        local(block("otel-metrics"), { "9464": String(metricsPort) })
-          .replace('"@nats-lease/lease/otel"', '"./otel.ts"')
-          .replace('"@nats-lease/lease"', '"./mod.ts"'),
+      const dir = path.join(tmp, "lease-metrics");
+      const code = (s: string) =>
+        local(s, {
+          "../lease-metrics": dir,
+          "9464": String(metricsPort),
+        });
+      const install = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", code(block("otel-install"))],
+        root,
+        { ...env, LEASE_SKIP_SETUP: "1" },
+        180_000,
       );
-      try {
-        const r = await run(
-          process.execPath,
-          runtime === "deno" ? ["run", "-A", file] : [file],
-          root,
-        );
-        assert.equal(r.code, 0, `exit ${r.code}\n${r.stdout}\n${r.stderr}`);
-        assert.equal(r.stdout, block("otel-metrics-output"), r.stderr);
-      } finally {
-        fs.rmSync(file, { force: true });
-      }
+      assert.equal(
+        install.code,
+        0,
+        `exit ${install.code}\n${install.stdout}\n${install.stderr}`,
+      );
+      fs.writeFileSync(
+        path.join(dir, "metrics.js"),
+        code(block("otel-metrics")),
+      );
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", code(block("otel-metrics-run"))],
+        dir,
+        env,
+      );
+      assert.equal(r.code, 0, `exit ${r.code}\n${r.stdout}\n${r.stderr}`);
+      assert.equal(r.stdout, block("otel-metrics-output"), r.stderr);
+      console.log(
+        `  [figures] metrics example under ${nodeSeen}: install ${
+          Math.round(install.ms)
+        } ms, run ${Math.round(r.ms)} ms`,
+      );
     },
   );
 
