@@ -742,19 +742,33 @@ test(
     fs.writeFileSync(path.join(dir, "index.html"), block(doc, "browser-html"));
     const app = block(doc, "browser-app");
     assert.ok(app.includes("ws://127.0.0.1:8080"));
+    // The file the page loads (dist/tabs.js) is built from tabs.js, the
+    // name the doc gives the block: not app.js, which would overwrite the
+    // quick start's own app.js in the same folder.
     fs.writeFileSync(
-      path.join(dir, "app.js"),
+      path.join(dir, "tabs.js"),
       app.replace("ws://127.0.0.1:8080", ns!.wsUrl!),
     );
     fs.symlinkSync(
       path.join(root, "node_modules"),
       path.join(dir, "node_modules"),
     );
-    const command = block(doc, "browser-run").split("\n")
-      .find((l) => l.startsWith("npx --yes esbuild "));
-    assert.ok(command, "the block runs npx --yes esbuild");
+    // `npx --yes esbuild@VERSION`: the clone's esbuild stands in for what
+    // npx fetches, so the doc must name that version.
+    const npx = /^npx --yes esbuild@(\S+) (.*)$/m.exec(
+      block(doc, "browser-run"),
+    );
+    assert.ok(npx, "the block runs npx --yes esbuild@VERSION");
+    const [command, version, rest] = npx;
+    const esbuildPkg = JSON.parse(
+      fs.readFileSync(
+        path.join(root, "node_modules/esbuild/package.json"),
+        "utf8",
+      ),
+    );
+    assert.equal(version, esbuildPkg.version, command);
     const port = await freePort();
-    const args = command.slice("npx --yes esbuild ".length).split(" ")
+    const args = rest!.split(" ")
       .map((a) =>
         a === "--serve=127.0.0.1:8000" ? `--serve=127.0.0.1:${port}` : a
       );

@@ -953,7 +953,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       const { code, ws } = await startEdgeServer("workerd");
       try {
         fs.writeFileSync(
-          path.join(qs, "worker.js"),
+          path.join(qs, "edge-worker.js"),
           code(block("workerd-worker")),
         );
         fs.writeFileSync(
