@@ -268,6 +268,105 @@ test("a block's ports and folders are put in at once: a port put in is never rep
   assert.equal(substitute("14222 4222", { "4222": "1" }), "14222 1");
 });
 
+/**
+ * The programs a shell block runs, one per simple command: the first word
+ * after any `VAR=value`, with quoted text, comments and here-documents left
+ * out (a word there is data, not a command).
+ */
+function commandsOf(code: string): string[][] {
+  const text = code
+    .replace(/<<'?(\w+)'?\n[\s\S]*?\n\1\n/g, "\n")
+    .replace(/'[^']*'|"[^"]*"/g, "STRING")
+    .replace(/(^|\s)#.*$/gm, "");
+  return text.split(/&&|\|\||[;&|()\n]|\b(?:do|then|else)\b/)
+    .map((c) => c.trim().split(/\s+/).filter((w) => w !== ""))
+    .map((words) => {
+      while (words.length > 0 && /^\w+=/.test(words[0]!)) words.shift();
+      return words;
+    })
+    .filter((words) => words.length > 0);
+}
+
+/** Where `cmd` is found on `pathList`, as a shell finds it; else undefined. */
+function onPath(cmd: string, pathList: string): string | undefined {
+  return pathList.split(":").map((d) => path.join(d, cmd))
+    .find((f) => fs.existsSync(f));
+}
+
+const SHELL_WORDS = new Set([
+  "cd",
+  "export",
+  "for",
+  "done",
+  "while",
+  "until",
+  "if",
+  "fi",
+  "wait",
+  "kill",
+  "exit",
+  "set",
+  "echo",
+  "printf",
+]);
+
+/**
+ * What a newcomer's shell cannot run as the block gives it: a bare command
+ * missing from NEWCOMER_PATH, `node` on a .ts file (Node 20 runs no
+ * TypeScript), a path the clone's set-up does not make, or npx without
+ * `--yes` and a pinned version (it would ask, or fetch whatever is newest).
+ */
+function bareTools(code: string): string[] {
+  const out: string[] = [];
+  for (const [cmd, ...args] of commandsOf(code)) {
+    if (SHELL_WORDS.has(cmd!)) continue;
+    if (cmd!.includes("/")) {
+      if (!fs.existsSync(path.join(root, cmd!))) {
+        out.push(`${cmd}: no such file`);
+      }
+    } else if (onPath(cmd!, NEWCOMER_PATH) === undefined) {
+      out.push(`${cmd}: not on a newcomer's PATH`);
+    } else if (cmd === "node" && args.some((a) => /\.m?ts$/.test(a))) {
+      out.push(`node ${args.join(" ")}: Node 20 runs no .ts`);
+    } else if (cmd === "npx" && !/^--yes \S+@\d/.test(args.join(" "))) {
+      out.push(`npx ${args.join(" ")}: not npx --yes NAME@VERSION`);
+    }
+  }
+  return out;
+}
+
+test("bareTools() names the commands a newcomer's shell cannot run as a block gives them", () => {
+  assert.deepEqual(
+    bareTools(
+      "cd ../x\ndeno run -A metrics.ts\nnats-server -js & node app.ts; wait\n" +
+        "npx --yes deno run -A edge.js\nlease run k -- sh -c 'deno x'\n",
+    ),
+    [
+      "deno: not on a newcomer's PATH",
+      "nats-server: not on a newcomer's PATH",
+      "node app.ts: Node 20 runs no .ts",
+      "npx --yes deno run -A edge.js: not npx --yes NAME@VERSION",
+      "lease: not on a newcomer's PATH",
+    ],
+  );
+  assert.deepEqual(
+    bareTools(
+      "NATS_URL=x node_modules/.bin/node a.ts &\nfor i in 1 2; do node b.js & done\n" +
+        "cat > c <<'EOF'\ndeno\nEOF\nnpx --yes deno@2.9.6 run -A edge.js\n",
+    ),
+    [],
+  );
+});
+
+test("no shell block of the README, docs/ or examples/README.md runs a tool a newcomer lacks", () => {
+  const found = blocks
+    .filter((b) => b.lang === "sh")
+    .flatMap((b) =>
+      bareTools(b.code).map((p) => `${b.file}:${b.line} (${b.name}): ${p}`)
+    );
+  assert.deepEqual(found, []);
+});
+
 describe("the README's and docs' code blocks, run as written", () => {
   let tmp: string;
   let qs: string;
