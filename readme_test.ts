@@ -315,17 +315,23 @@ const SHELL_WORDS = new Set([
  * missing from NEWCOMER_PATH, `node` on a .ts file (Node 20 runs no
  * TypeScript), a path the clone's set-up does not make, or npx without
  * `--yes` and a pinned version (it would ask, or fetch whatever is newest).
+ * A block that sets PATH or installs commands itself (`npm install -g` or
+ * `--prefix`, `bun add -g`) makes what it runs, and one that changes
+ * directory runs paths from elsewhere: the run of the block judges those.
  */
 function bareTools(code: string): string[] {
+  const installs = /(^|[\s;&])(export\s+)?PATH=|\s(-g|--global|--prefix)\b/m
+    .test(code);
+  const moves = commandsOf(code).some(([cmd]) => cmd === "cd");
   const out: string[] = [];
   for (const [cmd, ...args] of commandsOf(code)) {
     if (SHELL_WORDS.has(cmd!)) continue;
     if (cmd!.includes("/")) {
-      if (!fs.existsSync(path.join(root, cmd!))) {
+      if (!moves && !fs.existsSync(path.join(root, cmd!))) {
         out.push(`${cmd}: no such file`);
       }
     } else if (onPath(cmd!, NEWCOMER_PATH) === undefined) {
-      out.push(`${cmd}: not on a newcomer's PATH`);
+      if (!installs) out.push(`${cmd}: not on a newcomer's PATH`);
     } else if (cmd === "node" && args.some((a) => /\.m?ts$/.test(a))) {
       out.push(`node ${args.join(" ")}: Node 20 runs no .ts`);
     } else if (cmd === "npx" && !/^--yes \S+@\d/.test(args.join(" "))) {
@@ -356,6 +362,19 @@ test("bareTools() names the commands a newcomer's shell cannot run as a block gi
     ),
     [],
   );
+  // What the block installs or puts on PATH itself is left to its run.
+  assert.deepEqual(
+    bareTools("npm install -g --prefix /tmp/p x.tgz\nlease --help\n"),
+    [],
+  );
+  assert.deepEqual(
+    bareTools('export PATH="$PWD/bin:$PATH"\nlease --help\n'),
+    [],
+  );
+  assert.deepEqual(bareTools("cd /tmp/p\nbin/lease --help\n"), []);
+  assert.deepEqual(bareTools("bin/lease --help\n"), [
+    "bin/lease: no such file",
+  ]);
 });
 
 test("no shell block of the README, docs/ or examples/README.md runs a tool a newcomer lacks", () => {
