@@ -1,4 +1,4 @@
-// test.sh: node only: it tests scripts/setup.sh's profiles in a fresh clone, not the runtime; its three npm installs (from the machine's npm cache) and the demo take about 30 s, once.
+// test.sh: node only: it tests scripts/setup.sh's profiles in a fresh clone, not the runtime; its three npm installs (from the machine's npm cache) and the demo take about 25 s, once.
 // A newcomer's first commands install only what they use: in a fresh clone,
 // the README's first command (`bash scripts/demo.sh`) gets Deno and nats.js
 // and runs the demo, with no apt and no Go build beyond one nats-server; the
