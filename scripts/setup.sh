@@ -103,23 +103,26 @@ want="$profile"
 [[ "$want" == demo && "$peers" != absent ]] && want=quickstart
 [[ "$want" != all && "$devs" != absent ]] && want=all
 case "$want" in
-demo) omit=(--omit=dev --omit=peer) && need="$deps" ;;
-quickstart) omit=(--omit=dev) && need="$deps $peers" ;;
-all) omit=() && need="$deps $peers $devs" ;;
+demo) omit=(--omit=dev --omit=peer) ;;
+quickstart) omit=(--omit=dev) ;;
+all) omit=() ;;
 esac
+# The states of the tiers $want needs.
+needed() {
+  case "$want" in
+  demo) echo "$deps" ;;
+  quickstart) echo "$deps $peers" ;;
+  all) echo "$deps $peers $devs" ;;
+  esac
+}
 # A lockfile newer than npm's record means a change since the last install.
 if [[ ! -f node_modules/.package-lock.json ||
   package.json -nt node_modules/.package-lock.json ||
   (-f package-lock.json && package-lock.json -nt node_modules/.package-lock.json) ||
-  "$need" =~ absent|partial ]]; then
+  "$(needed)" =~ absent|partial ]]; then
   quietly npm install --no-audit --no-fund "${omit[@]}"
   read -r deps peers devs < <(tiers)
-  case "$want" in
-  demo) need="$deps" ;;
-  quickstart) need="$deps $peers" ;;
-  all) need="$deps $peers $devs" ;;
-  esac
-  if [[ "$need" =~ absent|partial ]]; then
+  if [[ "$(needed)" =~ absent|partial ]]; then
     # e.g. legacy-peer-deps=true in an .npmrc skips the "peerDependencies".
     echo "setup: FAILED: npm install ${omit[*]} left packages of the '$want' profile out (dependencies $deps, peerDependencies $peers, devDependencies $devs)" >&2
     exit 1
