@@ -425,7 +425,7 @@ describe("the README's and docs' code blocks, run as written", () => {
     );
     // The demo's time is a newcomer's, measured without caches (the table
     // in docs/testing.md), not a second run's.
-    const claimed = /\((?:about )?(\d+) s the first time, \d+ s after\)$/m.exec(
+    const claimed = /(?:about )?(\d+) s the first time, \d+ s after\)$/m.exec(
       block("first-commands"),
     );
     assert.ok(claimed, "the demo's comment gives no first-run time");
