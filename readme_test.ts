@@ -553,6 +553,28 @@ describe("the README's and docs' code blocks, run as written", () => {
     assert.equal(block("test-all").trim(), "bash scripts/test.sh");
     const ci = fs.readFileSync(path.join(root, ".ci/run"), "utf8");
     assert.match(ci, /^bash scripts\/test\.sh /m);
+    // The quick start sets up its own profile, not the tests' 639 MB and
+    // apt packages (setup_test.ts checks what each profile installs).
+    assert.equal(
+      block("quickstart-server").split("\n")[0],
+      "bash scripts/setup.sh quickstart",
+    );
+    // The demo's time is a newcomer's, measured without caches (the table
+    // in docs/testing.md), not a second run's.
+    const claimed = /(?:about )?(\d+) s the first time, \d+ s after\)$/m.exec(
+      block("first-commands"),
+    );
+    assert.ok(claimed, "the demo's comment gives no first-run time");
+    const measured = /^\| After: the `demo` profile +\| ([\d, ]+) s /m.exec(
+      fs.readFileSync(path.join(root, "docs/testing.md"), "utf8"),
+    );
+    assert.ok(measured, "docs/testing.md has no cold-cache times of the demo");
+    const runs = measured[1]!.split(", ").map(Number);
+    const s = Number(claimed[1]);
+    assert.ok(
+      s >= Math.min(...runs) && s <= Math.max(...runs),
+      `the README says ${s} s; docs/testing.md measured ${runs.join(", ")} s`,
+    );
   });
 
   test("scripts/pack.sh --install makes a module project with the package and one copy of @nats-io/nats-core", () => {

@@ -16,7 +16,8 @@
 #                  transport-node's, so npm installs one copy of
 #                  @nats-io/nats-core, not two.
 #
-# Needs what scripts/setup.sh installs (it is run first, idempotently).
+# Needs what `scripts/setup.sh quickstart` installs (it is run first,
+# idempotently).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,7 +38,7 @@ while (($# > 0)); do
 done
 
 if [[ "${LEASE_SKIP_SETUP:-}" != 1 ]]; then
-  bash "$root/scripts/setup.sh" >&2
+  bash "$root/scripts/setup.sh" quickstart >&2
 fi
 node="$root/node_modules/.bin/node"
 npm_cli="$(readlink -f "$(command -v npm)")"

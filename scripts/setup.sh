@@ -1,20 +1,43 @@
 #!/usr/bin/env bash
-# Installs what the tests need, idempotently, printing one line per step:
-#   - the npm dev dependencies (Deno, Bun, Node 24 and nats.js) in node_modules;
-#   - nats-server $NATS_SERVER_VERSION, built with Go into .tools/bin;
-#   - nats-server $NATS_ROLLBACK_VERSION (the last release before subject
-#     delete markers), built into .tools/bin/nats-server-$NATS_ROLLBACK_VERSION
-#     for the tests that roll a running server back to it;
-#   - Debian's nats-server package (/usr/sbin/nats-server, 2.9.10 on bookworm),
-#     the oldest server the tests run against;
-#   - Debian's etcd-server and redis-server, for bench/peers.ts only;
-#   - Debian's chromium (/usr/bin/chromium), which browser_test.ts drives
-#     with playwright-core (nothing downloads a browser build of its own).
+# Installs what one use of the clone needs, idempotently, printing one line
+# per step. Usage: bash scripts/setup.sh [demo|quickstart|all]
+#
+#   demo        what scripts/demo.sh runs with: Deno and nats.js (package.json's
+#               "dependencies") and nats-server $NATS_SERVER_VERSION, built with
+#               Go into .tools/bin. No apt, nothing else from npm.
+#   quickstart  the demo's, and what scripts/pack.sh builds the package with:
+#               Node 24, TypeScript and @opentelemetry/api (package.json's
+#               "peerDependencies").
+#   all         (the default) everything the tests need: the above, the rest of
+#               the npm packages ("devDependencies": Bun, miniflare,
+#               playwright-core, the etcd and Redis clients ...), and
+#     - nats-server $NATS_ROLLBACK_VERSION (the last release before subject
+#       delete markers), built into .tools/bin/nats-server-$NATS_ROLLBACK_VERSION
+#       for the tests that roll a running server back to it;
+#     - Debian's nats-server package (/usr/sbin/nats-server, 2.9.10 on bookworm),
+#       the oldest server the tests run against;
+#     - Debian's etcd-server and redis-server, for bench/peers.ts only;
+#     - Debian's chromium (/usr/bin/chromium), which browser_test.ts drives
+#       with playwright-core (nothing downloads a browser build of its own).
+#
+# A smaller profile never removes what a larger one installed, and a larger
+# one installs what a smaller one left out: node_modules is "up to date" only
+# when it holds every package the profile needs at package.json's version.
 # Subcommand output goes to a log that is shown only when a step fails.
 set -euo pipefail
 
 NATS_SERVER_VERSION=2.15.2
 NATS_ROLLBACK_VERSION=2.10.22
+
+profile="${1:-all}"
+case "$profile" in
+demo | quickstart | all) ;;
+-h | --help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' && exit 0 ;;
+*)
+  echo "setup: the profile must be demo, quickstart or all: received '$profile'" >&2
+  exit 2
+  ;;
+esac
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -43,16 +66,73 @@ as_root() {
   fi
 }
 
-# 1. npm dev dependencies. npm records the installed tree in
-# node_modules/.package-lock.json, so a manifest newer than it means a
-# change since the last install.
+# 1. npm packages, in three tiers of package.json. For each tier, prints
+# "complete" (every package in node_modules at its pinned version), "partial"
+# or "absent". npm's own record (node_modules/.package-lock.json) cannot say
+# this: after a light install it is as new as after a full one.
+tiers() {
+  node -e '
+    const fs = require("fs");
+    const pkg = JSON.parse(fs.readFileSync("package.json", "utf8"));
+    const state = (deps) => {
+      const pins = Object.entries(deps ?? {});
+      const have = pins.filter(([name, version]) => {
+        try {
+          const p = `node_modules/${name}/package.json`;
+          // redlock 5.0.0-beta.2 calls itself "v5.0.0-beta.2".
+          const got = JSON.parse(fs.readFileSync(p, "utf8")).version;
+          return got.replace(/^v/, "") === version;
+        } catch {
+          return false;
+        }
+      }).length;
+      return have === pins.length ? "complete" : have > 0 ? "partial" : "absent";
+    };
+    console.log(["dependencies", "peerDependencies", "devDependencies"]
+      .map((k) => state(pkg[k])).join(" "));
+  '
+}
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "setup: FAILED: npm is needed to install Deno and nats.js (try 'apt-get install -y npm')" >&2
+  exit 1
+fi
+read -r deps peers devs < <(tiers)
+# What is there already stays: a demo run in a clone set up for the tests
+# must not prune its Bun.
+want="$profile"
+[[ "$want" == demo && "$peers" != absent ]] && want=quickstart
+[[ "$want" != all && "$devs" != absent ]] && want=all
+case "$want" in
+demo) omit=(--omit=dev --omit=peer) ;;
+quickstart) omit=(--omit=dev) ;;
+all) omit=() ;;
+esac
+# The states of the tiers $want needs.
+needed() {
+  case "$want" in
+  demo) echo "$deps" ;;
+  quickstart) echo "$deps $peers" ;;
+  all) echo "$deps $peers $devs" ;;
+  esac
+}
+# A lockfile newer than npm's record means a change since the last install.
 if [[ ! -f node_modules/.package-lock.json ||
   package.json -nt node_modules/.package-lock.json ||
-  (-f package-lock.json && package-lock.json -nt node_modules/.package-lock.json) ]]; then
-  quietly npm install --no-audit --no-fund
-  echo "setup: npm install done ($(node_modules/.bin/deno --version | head -n 1), bun $(node_modules/.bin/bun --version), node $(node_modules/.bin/node --version))"
+  (-f package-lock.json && package-lock.json -nt node_modules/.package-lock.json) ||
+  "$(needed)" =~ absent|partial ]]; then
+  quietly npm install --no-audit --no-fund "${omit[@]}"
+  read -r deps peers devs < <(tiers)
+  if [[ "$(needed)" =~ absent|partial ]]; then
+    # e.g. legacy-peer-deps=true in an .npmrc skips the "peerDependencies".
+    echo "setup: FAILED: npm install ${omit[*]} left packages of the '$want' profile out (dependencies $deps, peerDependencies $peers, devDependencies $devs)" >&2
+    exit 1
+  fi
+  versions="$(node_modules/.bin/deno --version | head -n 1)"
+  [[ "$want" == demo ]] || versions+=", node $(node_modules/.bin/node --version)"
+  [[ "$want" != all ]] || versions+=", bun $(node_modules/.bin/bun --version)"
+  echo "setup: npm install for '$want' done ($versions)"
 else
-  echo "setup: node_modules up to date"
+  echo "setup: node_modules up to date for '$want'"
 fi
 
 # 2. nats-server $NATS_SERVER_VERSION in .tools/bin.
@@ -71,6 +151,11 @@ else
   quietly env GOBIN="$root/.tools/bin" \
     go install "github.com/nats-io/nats-server/v2@v$NATS_SERVER_VERSION"
   echo "setup: built $bin ($("$bin" --version))"
+fi
+
+if [[ "$profile" != all ]]; then
+  # The demo and the quick start run on the one server built above.
+  exit 0
 fi
 
 # 2b. nats-server $NATS_ROLLBACK_VERSION as .tools/bin/nats-server-$NATS_ROLLBACK_VERSION
