@@ -1873,3 +1873,25 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
   });
 });
 
+describe("docs/cli.md", () => {
+  test("its table of subcommands: every row has both cells, every cell of 'what it does' ends its sentence, and every subcommand of lease has a row", () => {
+    const doc = fs.readFileSync(
+      fileURLToPath(new URL("./docs/cli.md", import.meta.url)),
+      "utf8",
+    );
+    const rows = doc.split("\n").filter((l) => l.startsWith("| `lease "));
+    assert.ok(rows.length >= 6, `${rows.length} rows`);
+    for (const row of rows) {
+      // A `|` inside a cell must be escaped, or it ends the cell.
+      const cells = row.split(/(?<!\\)\|/).slice(1, -1).map((c) => c.trim());
+      assert.equal(cells.length, 2, row);
+      assert.match(cells[1]!, /\.$/, `cut off: ${row}`);
+    }
+    for (const sub of ["run", "holder", "watch", "ls", "release", "shards"]) {
+      assert.ok(
+        rows.some((r) => r.startsWith(`| \`lease ${sub} `)),
+        `no row for lease ${sub}`,
+      );
+    }
+  });
+});
