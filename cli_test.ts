@@ -619,8 +619,7 @@ describe("the lease command", () => {
       `echo ran >> ${file}`,
     ]);
     assert.equal(await other.exited, 76, other.err());
-    assert.match(other.err(), /limit 3/);
-    assert.match(other.err(), /limit 2/);
+    assert.match(other.err(), /was taken with -n 2, not -n 3/);
     for (const r of runs4) assert.equal(await r.exited, 0, r.err());
     const lines = fs.readFileSync(file, "utf8").trim().split("\n").map((l) =>
       l.split(" ")
@@ -1655,5 +1654,244 @@ else echo "refused $1 $2" >> "${dir}/log"; fi
     assert.equal(lines[0], `${key}: none`);
     assert.match(lines[1]!, new RegExp(`^${key}: a epoch \\d+$`));
     assert.equal(lines[2], `${key}: none`);
+  });
+
+  // Bucket 'cli': keys of up to 3973 characters (3967 on 'leases', two for
+  // each of the three characters fewer; see maxKeyLength in
+  // lease/input.ts). Past that, nats-server would close the connection on
+  // the request that creates a watch's consumer: lease holder then crashed
+  // with a stack trace and lease run hung without running its command.
+  const CLI_MAX = 3973;
+
+  test(`a KEY of ${CLI_MAX} characters, the longest on bucket 'cli', works end to end (lease run runs its command, lease holder prints it, lease release finds it free), as do the longest with -n 2 (36 fewer) and the longest shard GROUP of --count 4 (11 fewer)`, async () => {
+    const on = ["--servers", ns.url, "--bucket", "cli"];
+    const key = "r".repeat(CLI_MAX);
+    const file = path.join(tmp, "longkey");
+    const r = start([...common(key, "a"), "--", ...stamped(file, "true")]);
+    assert.equal(await r.exited, 0, r.err());
+    assert.deepEqual(stamps(file).map((x) => `${x.what} ${x.node}`), [
+      "start a",
+      "end a",
+    ]);
+    const h = lease(["holder", key, ...on]);
+    assert.equal(await h.exited, 0, h.err());
+    assert.equal(h.out(), `${key}: none\n`);
+    const rel = lease(["release", key, ...on, "--node", "a"]);
+    assert.equal(await rel.exited, 1, rel.err());
+    assert.match(rel.err(), /is not held by anyone, not by a: nothing evicted/);
+    const sem = start([
+      ...common("n".repeat(CLI_MAX - 36), "a"),
+      "-n",
+      "2",
+      "--",
+      "sh",
+      "-c",
+      'test "$LEASE_SLOT" = 0',
+    ]);
+    assert.equal(await sem.exited, 0, sem.err());
+    const group = "g".repeat(CLI_MAX - 11);
+    const sh = lease(["shards", group, ...on, "--count", "4", "--json"]);
+    assert.equal(await sh.exited, 0, sh.err());
+    assert.equal(JSON.parse(sh.out()).group, group);
+  });
+
+  test(
+    `a KEY of ${
+      CLI_MAX + 1
+    } characters on bucket 'cli' exits 65 before connecting, naming the limit and the length, for run, holder, watch and release; with -n, past ${
+      CLI_MAX - 36
+    }; a shard GROUP past its own limit; a --prefix past ${
+      CLI_MAX - 2
+    } exits 64`,
+    async () => {
+      const nowhere = ["--servers", "127.0.0.1:1", "--bucket", "cli"];
+      const long = "k".repeat(CLI_MAX + 1);
+      for (
+        const [args, code, why] of [
+          [
+            ["run", long, "--", "true"],
+            65,
+            `is ${
+              CLI_MAX + 1
+            } characters long: at most ${CLI_MAX} on bucket 'cli'`,
+          ],
+          [["holder", long], 65, `at most ${CLI_MAX} on bucket 'cli'`],
+          [["watch", long], 65, `at most ${CLI_MAX} on bucket 'cli'`],
+          [
+            ["release", long, "--node", "a"],
+            65,
+            `at most ${CLI_MAX} on bucket 'cli'`,
+          ],
+          [
+            ["run", "k".repeat(CLI_MAX - 35), "-n", "2", "--", "true"],
+            65,
+            `is ${CLI_MAX - 35} characters long: at most ${
+              CLI_MAX - 36
+            } on bucket 'cli' with -n`,
+          ],
+          [
+            ["shards", "k".repeat(CLI_MAX - 10), "--count", "4"],
+            65,
+            `at most ${CLI_MAX - 11} on bucket 'cli'`,
+          ],
+          [
+            ["ls", "--prefix", "k".repeat(CLI_MAX - 1)],
+            64,
+            `--prefix "k+"... is ${CLI_MAX - 1} characters long: at most ${
+              CLI_MAX - 2
+            }`,
+          ],
+          [
+            ["watch", "--prefix", "k".repeat(CLI_MAX - 1)],
+            64,
+            `at most ${CLI_MAX - 2} on bucket 'cli'`,
+          ],
+        ] as const
+      ) {
+        // Before a `--`: what follows it is the command.
+        const r = lease([args[0], ...nowhere, ...args.slice(1)]);
+        assert.equal(await r.exited, code, `${args[0]}: ${r.err()}`);
+        assert.match(r.err(), new RegExp(why));
+        assert.match(r.err(), /4096-byte control line/);
+        assert.doesNotMatch(r.err(), /cannot connect|    at /);
+      }
+    },
+  );
+
+  test("-n=N works as -n N: lease run -n=1 runs its command in slot 0; -n=0 exits 64 naming the value; a short switch given a value (-h=x) exits 64", async () => {
+    const key = uniq("neq");
+    const r = start([
+      ...common(key, "a"),
+      "-n=1",
+      "--",
+      "sh",
+      "-c",
+      'test "$LEASE_SLOT" = 0',
+    ]);
+    assert.equal(await r.exited, 0, r.err());
+    const nowhere = ["--servers", "127.0.0.1:1"];
+    const zero = lease(["run", key, "-n=0", ...nowhere, "--", "true"]);
+    assert.equal(await zero.exited, 64, zero.err());
+    assert.match(
+      zero.err(),
+      /-n needs a number of slots from 1 to 10000: received "0"/,
+    );
+    const help = lease(["holder", key, "-h=x", ...nowhere]);
+    assert.equal(await help.exited, 64, help.err());
+    assert.match(help.err(), /^lease: -h takes no value: received -h=x\n/);
+  });
+
+  test("lease run -n 3 while a slot of -n 2 is held exits 76 and says what the command line offers (the same -n, or --resize), not the API's resize: true; -n 3 --resize runs meanwhile, in a slot recorded r3; --resize without -n exits 64", async () => {
+    const key = uniq("resize");
+    const file = path.join(tmp, "resize");
+    const holder = start([
+      ...common(key, "a"),
+      "-n",
+      "2",
+      "--",
+      ...stamped(file, "sleep 30"),
+    ]);
+    await until(() => stamps(file).length >= 1, 10_000, "the -n 2 command");
+    const other = start([...common(key, "x"), "-n", "3", "--", "true"]);
+    assert.equal(await other.exited, 76, other.err());
+    assert.match(
+      other.err(),
+      new RegExp(
+        `slot '${key}\\.n2\\.0' of '${key}', held by a, was taken with -n 2, not -n 3\\. Give every lease run of '${key}' the same -n, or pass --resize with the new -n`,
+      ),
+    );
+    assert.doesNotMatch(other.err(), /resize: true/);
+    const resized = start([
+      ...common(key, "y"),
+      "-n",
+      "3",
+      "--resize",
+      "--",
+      "sh",
+      "-c",
+      `echo "$LEASE_KEY" > ${file}.y`,
+    ]);
+    assert.equal(await resized.exited, 0, resized.err());
+    assert.match(
+      fs.readFileSync(`${file}.y`, "utf8"),
+      new RegExp(`^${key}\\.r3\\.[0-2]\\n$`),
+    );
+    signal(holder, "SIGTERM");
+    await holder.exited;
+    const bare = lease([
+      "run",
+      key,
+      "--resize",
+      "--servers",
+      "127.0.0.1:1",
+      "--",
+      "true",
+    ]);
+    assert.equal(await bare.exited, 64, bare.err());
+    assert.match(bare.err(), /--resize changes the N of -n N: give -n too/);
+  });
+
+  test('an empty or blank value of a string option exits 64 before connecting: release --node "", --node=, run --node " ", --bucket "", --servers "" and "a,,b"; so does a bucket name lease cannot use', async () => {
+    const nowhere = ["--servers", "127.0.0.1:1"];
+    for (
+      const [args, why] of [
+        [
+          ["release", "k", ...nowhere, "--node", ""],
+          /--node needs a node id: received ""/,
+        ],
+        [
+          ["release", "k", ...nowhere, "--node="],
+          /--node needs a node id: received ""/,
+        ],
+        [
+          ["run", "k", ...nowhere, "--node", " ", "--", "true"],
+          /--node needs a node id: received " "/,
+        ],
+        [
+          ["holder", "k", ...nowhere, "--bucket", ""],
+          /--bucket needs a bucket name: received ""/,
+        ],
+        [
+          ["holder", "k", ...nowhere, "--bucket", "a.b"],
+          /--bucket needs a bucket name .*: received "a\.b"/,
+        ],
+        [
+          ["holder", "k", "--servers", ""],
+          /--servers needs one or more server URLs, comma-separated: received ""/,
+        ],
+        [
+          ["holder", "k", "--servers", "127.0.0.1:1,,127.0.0.1:2"],
+          /--servers needs server URLs, comma-separated, none empty/,
+        ],
+      ] as const
+    ) {
+      const r = lease([...args]);
+      assert.equal(await r.exited, 64, `${args.join(" ")}: ${r.err()}`);
+      assert.match(r.err(), why);
+      assert.doesNotMatch(r.err(), /cannot connect/);
+    }
+  });
+});
+
+describe("docs/cli.md", () => {
+  test("its table of subcommands: every row has both cells, every cell of 'what it does' ends its sentence, and every subcommand of lease has a row", () => {
+    const doc = fs.readFileSync(
+      fileURLToPath(new URL("./docs/cli.md", import.meta.url)),
+      "utf8",
+    );
+    const rows = doc.split("\n").filter((l) => l.startsWith("| `lease "));
+    assert.ok(rows.length >= 6, `${rows.length} rows`);
+    for (const row of rows) {
+      // A `|` inside a cell must be escaped, or it ends the cell.
+      const cells = row.split(/(?<!\\)\|/).slice(1, -1).map((c) => c.trim());
+      assert.equal(cells.length, 2, row);
+      assert.match(cells[1]!, /\.$/, `cut off: ${row}`);
+    }
+    for (const sub of ["run", "holder", "watch", "ls", "release", "shards"]) {
+      assert.ok(
+        rows.some((r) => r.startsWith(`| \`lease ${sub} `)),
+        `no row for lease ${sub}`,
+      );
+    }
   });
 });

@@ -550,6 +550,23 @@ describe("examples against a real nats-server", () => {
     },
   );
 
+  /**
+   * The revisions a demo "why A → B" line accounts for ("2–4 were ...",
+   * "12 was ..."), each one, in order.
+   */
+  const skipped = (line: string): number[] =>
+    [...line.matchAll(/(\d+)(?:–(\d+))? (?:was|were) /g)].flatMap((m) => {
+      const first = Number(m[1]);
+      const last = Number(m[2] ?? m[1]);
+      return Array.from({ length: last - first + 1 }, (_, i) => first + i);
+    });
+  /** The revisions strictly between two epochs. */
+  const revisionsBetween = (from: string, to: string): number[] =>
+    Array.from(
+      { length: Number(to) - Number(from) - 1 },
+      (_, i) => Number(from) + 1 + i,
+    );
+
   test(
     `examples/demo.ts under ${self} (the runtime running this file): the timeline shows contention, a crash with failover after TTL + grace, and a clean handover`,
     { timeout: TEST_TIMEOUT },
@@ -587,7 +604,8 @@ describe("examples against a real nats-server", () => {
       assert.ok(Number(failover.match[1]) >= 1_000, demo.transcript());
       assert.ok(Number(failover.match[3]) > Number(failover.match[2]));
       assert.equal(failover.match[3], epoch, demo.transcript());
-      // The first jump of epochs is explained once, as it is shown.
+      // Each jump of epochs is explained as it is shown; the first also
+      // says why epochs jump at all.
       const why = await demo.waitFor(
         /demo +why (\d+) → (\d+): an epoch is the KV revision its tenure began at, and every write to the bucket takes the next revision: \d+(–\d+)? (was|were) .+, so (node-\w)'s take got (\d+)$/,
         failover.index,
@@ -598,6 +616,11 @@ describe("examples against a real nats-server", () => {
         [why.match[1], why.match[2], why.match[5], why.match[6]],
         [failover.match[2], epoch, successor, epoch],
       );
+      assert.deepEqual(
+        skipped(why.match.input!),
+        revisionsBetween(failover.match[2]!, epoch!),
+        demo.transcript(),
+      );
       const handover = await demo.waitFor(
         /demo +handover: node-\w wrote (\d+) ms after it was told to stop, with no grace, epoch (\d+) → (\d+)$/,
       );
@@ -607,10 +630,43 @@ describe("examples against a real nats-server", () => {
       // without a clean release would wait. Not a speed target.
       assert.ok(Number(handover.match[1]) < 1_000, demo.transcript());
       assert.ok(Number(handover.match[3]) > Number(handover.match[2]));
+      // The second jump: the old holder's renewals (of its grace too), then
+      // its release, a delete that takes a revision of its own.
+      const why2 = await demo.waitFor(
+        /demo +why (\d+) → (\d+): (?!an epoch)\d+(–\d+)? (was|were) .+, (\d+) was (node-\w)'s release \(the delete its close\(\) wrote, tagged so that the next holder owes no grace\), so node-\w's take got (\d+)$/,
+        handover.index,
+      );
+      assert.deepEqual(
+        [why2.match[1], why2.match[2], why2.match[6], why2.match[7]],
+        [
+          handover.match[2],
+          handover.match[3],
+          successor,
+          handover.match[3],
+        ],
+        demo.transcript(),
+      );
+      assert.equal(
+        Number(why2.match[5]),
+        Number(handover.match[3]) - 1,
+        demo.transcript(),
+      );
+      assert.match(
+        why2.match.input!,
+        new RegExp(
+          `^.*${successor}'s renewals \\(every 333 ms while it waited out the grace, then`,
+        ),
+        demo.transcript(),
+      );
+      assert.deepEqual(
+        skipped(why2.match.input!),
+        revisionsBetween(handover.match[2]!, handover.match[3]!),
+        demo.transcript(),
+      );
       await demo.waitFor(/^ {2}✓ one writer at a time, 3 tenures/);
       assert.equal(
         demo.stdout.match(/ demo +why /g)?.length,
-        1,
+        2,
         demo.transcript(),
       );
       await demo.succeeded();

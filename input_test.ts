@@ -26,6 +26,7 @@ import {
   shards,
   type ShardsOptions,
 } from "./mod.ts";
+import { maxKeyLength } from "./lease.ts";
 import { instrument, type InstrumentOptions } from "./otel.ts";
 import { parse, UsageError } from "./cli/args.ts";
 import { conn, uniq } from "./test_util/lease_helpers.ts";
@@ -589,6 +590,205 @@ describe("input checks", () => {
         assert.equal(typeof idle.health({ margin }).ok, "boolean");
       }
     });
+  });
+
+  describe("key length", () => {
+    // Bucket `leases`, whose figure the docs give: keys of up to 3967
+    // characters. nats-server closes the connection on a control line over
+    // 4096 bytes; the longest a key goes into is the request that creates a
+    // watch's consumer (see maxKeyLength in lease/input.ts). Measured on
+    // 2.15.2 and 2.9.10 with the check taken out: a watch works up to 3982
+    // characters (its consumer's first serial, 1, one digit), and from 3983
+    // the server drops the connection and the watch never hears of a
+    // change; 3967 leaves the room of 2^53 re-creations of the consumer.
+    const MAX = 3967;
+    let keyNc: NatsConnection;
+    let long: LeaseManager;
+    before(async () => {
+      keyNc = await conn(ns.url);
+      conns.push(keyNc);
+      long = await createLeaseManager({
+        nc: keyNc,
+        node: "long",
+        ttl: TTL,
+        bucket: "leases",
+        restartGrace: false,
+      });
+    });
+    after(async () => {
+      await long?.close();
+    });
+
+    /** `call` on `long` is refused as `check` says, and sends nothing. */
+    async function refusedOnLong(
+      call: () => unknown,
+      check: (e: unknown) => true,
+    ): Promise<void> {
+      const out = keyNc.stats().outMsgs;
+      await assert.rejects(settle(call), check);
+      assert.equal(keyNc.stats().outMsgs, out, "nothing was sent");
+    }
+
+    /** A TypeError naming the option, the limit and the length. */
+    const tooLong = (name: string, max: number, length: number) =>
+    (
+      e: unknown,
+    ): true => {
+      assert.ok(e instanceof TypeError, String(e));
+      assert.match(e.message, new RegExp(`'${name}' must be at most ${max} `));
+      assert.match(e.message, new RegExp(`\\(${length} characters\\)`));
+      assert.match(e.message, /4096-byte control line/);
+      return true;
+    };
+
+    /** The next value of `it`, or a failure after 5 s. */
+    async function next<T>(it: AsyncIterator<T>, what: string): Promise<T> {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      try {
+        const r = await Promise.race([
+          it.next(),
+          new Promise<never>((_, reject) => {
+            timer = setTimeout(
+              () => reject(new Error(`no ${what} within 5 s`)),
+              5_000,
+            );
+          }),
+        ]);
+        assert.ok(!r.done, `${what}: the iteration ended`);
+        return r.value;
+      } finally {
+        clearTimeout(timer);
+      }
+    }
+
+    test(`maxKeyLength() is ${MAX} on bucket 'leases'; each character of the bucket takes two, a domain its length plus one, a longer inbox prefix its extra length`, () => {
+      assert.equal(maxKeyLength("leases"), MAX);
+      assert.equal(maxKeyLength("leases", "$JS.API", "_INBOX"), MAX);
+      assert.equal(maxKeyLength("b"), MAX + 10);
+      assert.equal(maxKeyLength("leases", "$JS.hub.API"), MAX - 4);
+      assert.equal(maxKeyLength("leases", "$JS.API", "_LEASE_INBOX"), MAX - 6);
+    });
+
+    test(`LeaseManager: a key of ${MAX} characters, the longest on bucket 'leases', works end to end: a watch sees guard() take it, held(), holder(), holders(), release(), then campaign() wins it; the connection never drops`, async () => {
+      const key = "k".repeat(MAX);
+      const drops: string[] = [];
+      const status = keyNc.status();
+      void (async () => {
+        for await (const s of status) {
+          if (s.type === "disconnect" || s.type === "error") drops.push(s.type);
+        }
+      })();
+      const stop = new AbortController();
+      try {
+        const watch = long.watch(key, { signal: stop.signal })[
+          Symbol.asyncIterator
+        ]();
+        assert.equal(await next(watch, "first holder"), null);
+        // The consumer behind the watch is created (its request holds the
+        // key) before the guard, whose entry it then reports.
+        const epoch = await long.guard(key, (l) => l.epoch, { wait: true });
+        assert.deepEqual(await next(watch, "change of holder"), {
+          node: "long",
+          epoch,
+        });
+        assert.equal(await long.held(key), true);
+        assert.deepEqual(await long.holder(key), { node: "long", epoch });
+        assert.equal((await long.holders(key)).size, 0);
+        await long.release(key);
+        for await (const lease of long.campaign(key, { signal: stop.signal })) {
+          assert.equal(lease.key, key);
+          assert.ok(lease.epoch > epoch);
+          break;
+        }
+        await long.release(key);
+      } finally {
+        stop.abort();
+        (status as { stop?: () => void }).stop?.();
+      }
+      assert.deepEqual(drops, [], "the connection dropped");
+    });
+
+    for (
+      const [what, call] of [
+        ["guard()", (k: string) => long.guard(k, () => {})],
+        [
+          "guard() with wait",
+          (k: string) => long.guard(k, () => {}, { wait: true }),
+        ],
+        ["held()", (k: string) => long.held(k)],
+        ["holder()", (k: string) => long.holder(k)],
+        ["holders()", (k: string) => long.holders(k)],
+        ["release()", (k: string) => long.release(k)],
+        ["campaign()", (k: string) => long.campaign(k)],
+        ["watch()", (k: string) => long.watch(k)],
+      ] as const
+    ) {
+      test(
+        `LeaseManager.${what} refuses a key of ${
+          MAX + 1
+        } characters on bucket 'leases' with TypeError naming the limit and the length, before anything is sent`,
+        async () => {
+          await refusedOnLong(
+            () => call("k".repeat(MAX + 1)),
+            tooLong("key", MAX, MAX + 1),
+          );
+        },
+      );
+    }
+
+    test(
+      `semaphore() takes a name of ${
+        MAX - 36
+      } characters (its keys add up to 36) and guards a slot under it; one of ${
+        MAX - 35
+      } is refused with TypeError naming 'name', also through instrument(), before anything is sent`,
+      async () => {
+        const name = "s".repeat(MAX - 36);
+        const sem = semaphore(long, name, { limit: 2 });
+        assert.equal(
+          await sem.guard(({ key }) => key),
+          `${name}.n2.0`,
+        );
+        await refusedOnLong(
+          () => semaphore(long, `${name}s`, { limit: 2 }),
+          tooLong("name", MAX - 36, MAX - 35),
+        );
+        await refusedOnLong(
+          () => semaphore(instrument(long), `${name}s`, { limit: 2 }),
+          tooLong("name", MAX - 36, MAX - 35),
+        );
+      },
+    );
+
+    test(
+      `shards() takes a group as long as its longest key allows (${
+        MAX - 14
+      } characters with count 4 and 16 member slots: '.members.15.n4' adds 14) and assigns its shards; one character more is refused with TypeError naming 'group' when iterating starts, before anything is sent`,
+      async () => {
+        const group = "g".repeat(MAX - 14);
+        const stop = new AbortController();
+        try {
+          const it = shards(long, group, { count: 4, signal: stop.signal })[
+            Symbol.asyncIterator
+          ]();
+          // The only member: every shard comes to it, in one or more steps.
+          while ((await next(it, "assignment")).owned.size < 4);
+        } finally {
+          stop.abort();
+        }
+        await refusedOnLong(
+          () => shards(long, `${group}g`, { count: 4 })[Symbol.asyncIterator](),
+          tooLong("group", MAX - 14, MAX - 13),
+        );
+        await refusedOnLong(
+          () =>
+            shards(instrument(long), `${group}g`, { count: 4 })[
+              Symbol.asyncIterator
+            ](),
+          tooLong("group", MAX - 14, MAX - 13),
+        );
+      },
+    );
   });
 
   describe("semaphore()", () => {

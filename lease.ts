@@ -44,6 +44,7 @@ import {
   checkDuration,
   describe,
   DOMAIN_RE,
+  maxKeyLength,
 } from "./lease/input.ts";
 import { Manager, type ManagerSettings } from "./lease/manager.ts";
 import { natsPort } from "./lease/nats_port.ts";
@@ -100,6 +101,12 @@ export {
   type WriteRequest,
   type WriteResult,
 } from "./lease/port.ts";
+export {
+  keyRoom,
+  keyTooLong,
+  MAX_CONTROL_LINE,
+  maxKeyLength,
+} from "./lease/input.ts";
 export { managerOnPort, type ManagerSettings } from "./lease/manager.ts";
 export { casSafeVersion, unsafeReplicaReason } from "./lease/servers.ts";
 
@@ -377,6 +384,19 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
       }`,
     );
   }
+  // Keys are refused past this length before anything is sent: a longer
+  // one would get the connection closed by the server on its first request.
+  const maxKey = maxKeyLength(
+    bucket,
+    domain === undefined ? "$JS.API" : `$JS.${domain}.API`,
+    (nc as { options?: { inboxPrefix?: string } }).options?.inboxPrefix ||
+      undefined,
+  );
+  if (maxKey < 1) {
+    throw new TypeError(
+      `Cannot create lease manager as 'bucket' is too long: its subjects would leave no room for a key in nats-server's control line: received a name of ${bucket.length} characters`,
+    );
+  }
   const ttl = checkDuration(
     "ttl",
     options.ttl ?? DEFAULT_TTL,
@@ -430,6 +450,7 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     allowUnverifiedReplicas: options.allowUnverifiedReplicas ?? false,
     domain,
     bucket,
+    maxKey,
     signal,
   };
   // Checked against the given (or default) TTL now, and again against an

@@ -90,6 +90,8 @@ import {
   type GuardCheck,
   type GuardOptions,
   type Holder,
+  keyRoom,
+  keyTooLong,
   type Lease,
   type LeaseManager,
   NotHolderError,
@@ -483,6 +485,22 @@ class LocalLock {
 }
 
 /**
+ * The longest key the manager behind `leases` takes (Infinity when it does
+ * not say): a recipe that builds keys from a name checks the name against
+ * it up front, rather than fail on a key made from it halfway through.
+ */
+export function keyRoomBehind(leases: LeaseManager): number {
+  return keyRoom(managerBehind(leases));
+}
+
+/**
+ * What a semaphore's longest key adds to its name: a ticket's
+ * `.q.<id>-<n>`, with room for any `n` (16 digits, up to 2^53); a slot's
+ * `.n<limit>.<i>` (at most 12) and the turnstile's `.next` are shorter.
+ */
+export const LONGEST_SUFFIX: number = ".q.".length + 16 + "-".length + 16;
+
+/**
  * The local locks, by the manager behind the object a semaphore was made
  * with, then by name. One manager holds one lease per key, whichever object
  * its guards come through: a guard on the turnstile (or a slot) that this
@@ -502,7 +520,7 @@ const IDENTITY_PROBE = "nats-lease:semaphore-identity";
  * listener with the wrapped manager as `target`. An object that does not
  * forward events is taken for a manager of its own.
  */
-function managerBehind(leases: LeaseManager): object {
+export function managerBehind(leases: LeaseManager): object {
   let target: object | undefined;
   const listener = (event: Event) => {
     if (typeof event.target === "object" && event.target !== null) {
@@ -1125,7 +1143,7 @@ function checkOptions(
  * @param name The semaphore's name, a valid key; its keys are below it.
  * @param options The `limit`, and `resize` to change it while others run.
  * @returns The semaphore.
- * @throws {TypeError} `leases` is not a lease manager, `name` is not a valid key, or `resize` is not a boolean.
+ * @throws {TypeError} `leases` is not a lease manager, `name` is not a valid key or is too long for the manager's bucket (its keys add up to 36 characters to it), or `resize` is not a boolean.
  * @throws {RangeError} `limit` is not an integer from 1 to {@linkcode MAX_SEMAPHORE_LIMIT}.
  *
  * @example At most three builds at once
@@ -1157,6 +1175,16 @@ export function semaphore(
       `Cannot create a semaphore as 'name' must be ASCII letters, digits, '-', '_', '/' or '=' in non-empty '.'-separated tokens: received ${
         describe(name)
       }`,
+    );
+  }
+  const room = keyRoomBehind(leases) - LONGEST_SUFFIX;
+  if (name.length > room) {
+    throw keyTooLong(
+      "create a semaphore",
+      "name",
+      name,
+      room,
+      `, its keys adding up to ${LONGEST_SUFFIX} characters to it`,
     );
   }
   if (typeof options !== "object" || options === null) {

@@ -87,6 +87,7 @@
 import {
   type GuardOptions,
   type Holder,
+  keyTooLong,
   type Lease,
   type LeaseAcquiredEvent,
   type LeaseLostEvent,
@@ -95,6 +96,7 @@ import {
   NotHolderError,
   UnavailableError,
 } from "./lease.ts";
+import { keyRoomBehind } from "./semaphore.ts";
 
 /**
  * Default of {@linkcode ShardsOptions.maxMembers}: how many members a group
@@ -515,7 +517,7 @@ const groupsInUse = new WeakMap<LeaseManager, Set<string>>();
  * @param group The group name: a lease key (ASCII letters, digits, `-`, `_`, `/`, `=`, `.`-separated).
  * @param options The shard count, a signal to leave, and the number of membership slots.
  * @returns The assignments, starting once this node's view of the group is complete.
- * @throws {TypeError} `leases` is not a lease manager, `group` is not a valid key, `signal` is not an `AbortSignal`, or a number option is not a number; while iterating, another iteration of the same group on this manager is running, or the manager is closed.
+ * @throws {TypeError} `leases` is not a lease manager, `group` is not a valid key, `signal` is not an `AbortSignal`, or a number option is not a number; when iterating starts, `group` is too long for the manager's bucket with the keys made from it; while iterating, another iteration of the same group on this manager is running, or the manager is closed.
  * @throws {RangeError} `count` is not a whole number from 1 to {@linkcode MAX_SHARDS}, or `maxMembers` not one from 1 to 256.
  * @throws {UnavailableError} While iterating: the bucket is gone or the connection closed for good.
  * @throws {ShardCountMismatchError} While iterating: the group's longest-standing member records another count; this member took no shard and left.
@@ -591,9 +593,26 @@ export function shards(
       }`,
     );
   }
+  // The group's longest keys: its last slot's count key, its last shard's.
+  const added = Math.max(
+    countKey(group, slots - 1, count).length,
+    shardKey(group, count - 1).length,
+  ) - group.length;
   return {
-    [Symbol.asyncIterator]: () =>
-      follow(new Member(leases, group, count, slots, signal)),
+    [Symbol.asyncIterator]: () => {
+      // Asked of the manager only now: shards() itself calls nothing on it.
+      const room = keyRoomBehind(leases) - added;
+      if (group.length > room) {
+        throw keyTooLong(
+          "follow shards",
+          "group",
+          group,
+          room,
+          `, its keys adding up to ${added} characters to it`,
+        );
+      }
+      return follow(new Member(leases, group, count, slots, signal));
+    },
   };
 }
 

@@ -9,9 +9,17 @@
 
 import process from "node:process";
 import * as os from "node:os";
-import { MIN_TTL } from "../lease.ts";
-import { MAX_SEMAPHORE_LIMIT } from "../semaphore.ts";
-import { DEFAULT_MAX_MEMBERS, MAX_SHARDS } from "../shards.ts";
+import { MAX_CONTROL_LINE, maxKeyLength, MIN_TTL } from "../lease.ts";
+import {
+  LONGEST_SUFFIX as SEMAPHORE_SUFFIX,
+  MAX_SEMAPHORE_LIMIT,
+} from "../semaphore.ts";
+import {
+  DEFAULT_MAX_MEMBERS,
+  MAX_SHARDS,
+  memberKey,
+  shardKey,
+} from "../shards.ts";
 import { EXIT } from "./exit.ts";
 
 /** How long `lease release` keeps trying while the holder keeps renewing. */
@@ -97,6 +105,11 @@ const OPTIONS: readonly Opt[] = [
     arg: "N",
     subs: ["run"],
     text: "run CMD in one of N slots of KEY (at most N at once)",
+  },
+  {
+    flag: "--resize",
+    subs: ["run"],
+    text: "with -n: change N while runs with another N hold slots",
   },
   {
     flag: "--kill-after",
@@ -204,10 +217,14 @@ is out of reach of both, unless --contain: fence its writes with LEASE_EPOCH
 With -n N, KEY names a semaphore of N slots (at most N commands at once): CMD
 runs in one free slot, with LEASE_SLOT its index and LEASE_KEY and LEASE_EPOCH
 its key and epoch, after waiting in line (first come, first served) while all
-are held. Every run of KEY must give the same N.`,
+are held. Every run of KEY must give the same N, or lease exits ${EXIT.LIMIT_MISMATCH}.
+To change N while runs go on, give the new N with --resize: such a run counts
+every held slot, whatever its N, against its own, and a run without it counts
+those slots against its own N, so at most the larger N run at once. Once no
+run with the old N is left, --resize may be dropped.`,
     notes:
-      `Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.BAD_DURATION} a bad
-duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
+      `Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY (or one too
+long for the bucket), ${EXIT.BAD_DURATION} a bad duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
 answering before the command started), ${EXIT.NO_WATCHDOG} the watchdog did not start or died, ${EXIT.LOST}
 (or --lost-status) lease lost while CMD ran, ${EXIT.LIMIT_MISMATCH} (-n) a slot of KEY is held under
 another N.`,
@@ -384,6 +401,8 @@ export interface Args {
   /** `--allow-unverified-replicas`: createLeaseManager's override. */
   allowUnverifiedReplicas: boolean;
   json: boolean;
+  /** `--resize` of `run -n`: the semaphore's `resize`. */
+  resize: boolean;
   /** `--prefix P` of `ls` and `watch`. */
   prefix?: string;
   /** `watch --all`. */
@@ -434,6 +453,7 @@ export function parse(argv: string[]): Args {
     contain: false,
     allowUnverifiedReplicas: false,
     json: false,
+    resize: false,
     all: false,
     help: false,
     command,
@@ -463,8 +483,8 @@ export function parse(argv: string[]): Args {
       rest.push(word);
       continue;
     }
-    // `--opt=value` as well as `--opt value`.
-    const eq = word.startsWith("--") ? word.indexOf("=") : -1;
+    // `--opt=value` as well as `--opt value`; `-n=3` as well as `-n 3`.
+    const eq = word.indexOf("=");
     const flag = eq < 0 ? word : word.slice(0, eq);
     const inline = eq < 0 ? undefined : word.slice(eq + 1);
     const opt = OPTIONS.find((o) => o.flag === flag || o.short === flag);
@@ -477,6 +497,16 @@ export function parse(argv: string[]): Args {
       if (inline !== undefined) return inline;
       const v = own[++i];
       if (v === undefined) throw fail(`${flag} needs a value`);
+      return v;
+    };
+    // A value that must say something: an empty (or blank) one would only
+    // fail after connecting, or not at all (`release --node ""` would
+    // report that "" does not hold the key).
+    const text = (what: string): string => {
+      const v = value();
+      if (v.trim() === "") {
+        throw fail(`${flag} needs ${what}: received ${JSON.stringify(v)}`);
+      }
       return v;
     };
     switch (opt.flag) {
@@ -507,15 +537,37 @@ export function parse(argv: string[]): Args {
       case "--contain":
         a.contain = true;
         break;
+      case "--resize":
+        a.resize = true;
+        break;
       case "--allow-unverified-replicas":
         a.allowUnverifiedReplicas = true;
         break;
-      case "--servers":
-        a.servers = value().split(",");
+      case "--servers": {
+        const v = text("one or more server URLs, comma-separated");
+        a.servers = v.split(",");
+        if (a.servers.some((u) => u.trim() === "")) {
+          throw fail(
+            `--servers needs server URLs, comma-separated, none empty: received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
         break;
-      case "--bucket":
-        a.bucket = value();
+      }
+      case "--bucket": {
+        // Checked here, not after connecting: the keys' room depends on it.
+        const v = text("a bucket name");
+        if (!/^[-\w]+$/.test(v)) {
+          throw fail(
+            `--bucket needs a bucket name (ASCII letters, digits, '-' or '_'): received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        a.bucket = v;
         break;
+      }
       case "--domain": {
         // One subject token: requests go to `$JS.<domain>.API.>`.
         const v = value();
@@ -530,7 +582,7 @@ export function parse(argv: string[]): Args {
         break;
       }
       case "--node":
-        a.node = value();
+        a.node = text("a node id");
         break;
       case "--ttl":
         a.ttl = duration(flag, inline ?? own[++i], fail);
@@ -598,6 +650,35 @@ export function parse(argv: string[]): Args {
     !OPTIONS.some((o) => o.flag === f && o.subs.includes(sub))
   );
   if (other !== undefined) throw fail(`lease ${sub} has no option ${other}`);
+  if (a.resize && a.limit === undefined) {
+    throw fail("--resize changes the N of -n N: give -n too");
+  }
+  // The longest key of the bucket (lease connects with nats.js's default
+  // inbox prefix): a longer one would make the server close the connection
+  // on its first request, so it is refused here, before connecting.
+  const room = maxKeyLength(
+    a.bucket,
+    a.domain === undefined ? "$JS.API" : `$JS.${a.domain}.API`,
+  );
+  const tooLong = (
+    what: string,
+    v: string,
+    max: number,
+    code: number,
+    why = "",
+  ) =>
+    fail(
+      `${what} ${
+        JSON.stringify(v.slice(0, 24))
+      }... is ${v.length} characters long: at most ${max} on bucket '${a.bucket}'${
+        a.domain === undefined ? "" : ` in domain '${a.domain}'`
+      }${why}, or a subject would overflow nats-server's ${MAX_CONTROL_LINE}-byte control line and the server would close the connection`,
+      code,
+    );
+  // A key below P (`P.x`) is at least two characters longer.
+  if (a.prefix !== undefined && a.prefix.length > room - 2) {
+    throw tooLong("--prefix", a.prefix, room - 2, EXIT.USAGE);
+  }
   if ((sub === "ls" || a.prefix !== undefined || a.all) && dash >= 0) {
     throw fail(`lease ${sub} takes no command`);
   }
@@ -654,6 +735,29 @@ export function parse(argv: string[]): Args {
   if (missing !== undefined) {
     throw fail(
       `lease ${sub} needs ${optionWords(missing)} (${missing.text})`,
+    );
+  }
+  // What the keys made from KEY add to it: a semaphore's (-n), a shard
+  // group's (the members' and the shards' keys lease shards reads).
+  const added = a.limit !== undefined
+    ? SEMAPHORE_SUFFIX
+    : sub === "shards"
+    ? Math.max(
+      memberKey(a.key, a.maxMembers - 1).length,
+      shardKey(a.key, a.count - 1).length,
+    ) - a.key.length
+    : 0;
+  if (a.key.length > room - added) {
+    throw tooLong(
+      sub === "shards" ? "GROUP" : "KEY",
+      a.key,
+      room - added,
+      EXIT.BAD_KEY,
+      added === 0
+        ? ""
+        : sub === "shards"
+        ? ` (its shards' and members' keys add up to ${added} characters to it)`
+        : ` with -n (its slots' and tickets' keys add up to ${added} characters to it)`,
     );
   }
   if (

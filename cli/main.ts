@@ -74,7 +74,11 @@ export async function main(argv: string[]): Promise<number> {
       return EXIT.UNAVAILABLE;
     }
     if (err instanceof LimitMismatchError) {
-      say(err.message);
+      // Its own message names the API's option (`resize: true`): say what
+      // the command line offers instead.
+      say(
+        `nothing run: slot '${err.key}' of '${err.semaphore}', held by ${err.holder}, was taken with -n ${err.recorded}, not -n ${err.asked}. Give every lease run of '${err.semaphore}' the same -n, or pass --resize with the new -n to change it while runs with -n ${err.recorded} go on`,
+      );
       return EXIT.LIMIT_MISMATCH;
     }
     throw err;

@@ -283,7 +283,7 @@ export async function run(a: Args): Promise<number> {
   // With -n, one of the semaphore's slots: the lease is the slot's.
   const sem = a.limit === undefined
     ? undefined
-    : semaphore(leases, a.key, { limit: a.limit });
+    : semaphore(leases, a.key, { limit: a.limit, resize: a.resize });
   const guard = <T>(
     write: (lease: Lease & { readonly slot?: number }) => Promise<T>,
     options: GuardOptions,
@@ -578,7 +578,10 @@ async function reportSlots(
   });
   if (signal.aborted) return;
   try {
-    const held = await semaphore(leases, a.key, { limit: a.limit! }).holders();
+    const held = await semaphore(leases, a.key, {
+      limit: a.limit!,
+      resize: a.resize,
+    }).holders();
     if (signal.aborted) return;
     say(
       `waiting for one of ${a.limit} slots of '${a.key}', held by ${

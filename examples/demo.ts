@@ -211,7 +211,7 @@ async function run(servers: string, bucket: string): Promise<boolean> {
       Math.round(second.at - crashAt)
     } ms after the crash, epoch ${first.epoch} → ${second.epoch}`,
   );
-  explainSkip(first, second);
+  await explainSkip(first, second);
   await writerOf(3, crashIndex);
 
   phase(`${holder2} shuts down cleanly (SIGINT → close() releases the lease)`);
@@ -233,7 +233,7 @@ async function run(servers: string, bucket: string): Promise<boolean> {
       Math.round(third.at - closeAt)
     } ms after it was told to stop, with no grace, epoch ${second.epoch} → ${third.epoch}`,
   );
-  explainSkip(second, third);
+  await explainSkip(second, third);
   await writerOf(3, closeIndex);
 
   phase(`${holder3} shuts down too`);
@@ -250,27 +250,50 @@ async function run(servers: string, bucket: string): Promise<boolean> {
 let explained = false;
 
 /**
- * Says once, at the first epoch that skips, why epochs skip, naming what
- * took the revisions in between (as the demo's own watch of the key saw
- * them).
+ * Says, at each epoch that skips, what took the revisions in between (as
+ * the demo's own watch of the key saw them); the first time, also why an
+ * epoch skips at all. After the crash they are the dead holder's
+ * renewals; after the clean handover, the old holder's renewals (those of
+ * its grace included) and then its release, a delete, which takes a
+ * revision of its own.
  */
-function explainSkip(before: Event, after: Event): void {
+async function explainSkip(before: Event, after: Event): Promise<void> {
   const from = before.epoch!, to = after.epoch!;
-  if (explained || to <= from + 1) return;
+  if (to <= from + 1) return;
+  // The demo's watch hears of a revision on its own connection, usually
+  // before a node's report of what came after it: give it a moment.
+  for (
+    let waited = 0;
+    waited < 1_000 && !revisions.has(to - 1);
+    waited += 10
+  ) {
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  const rule = explained
+    ? ""
+    : "an epoch is the KV revision its tenure began at, and every write to the bucket takes the next revision: ";
   explained = true;
+  // A holder renews every TTL/3 while no guarded write renews it, as
+  // during its grace, and each guarded write is a compare-and-set.
+  const every = `every ${Math.round(TTL / 3)} ms`;
+  const graced = events.some((e) =>
+    e.event === "took" && e.node === before.node && e.epoch === from &&
+    e.grace! > 0
+  );
+  const renewals = graced
+    ? `${every} while it waited out the grace, then a compare-and-set per guarded write, or ${every} without one`
+    : `a compare-and-set per guarded write, or ${every} without one`;
   const runs: { first: number; last: number; what: string }[] = [];
   for (let rev = from + 1; rev < to; rev++) {
     const took = revisions.get(rev);
     const what = took === undefined
       ? "not seen by the demo's watch"
       : took === "DEL"
-      ? "a release (delete)"
+      ? `${before.node}'s release (the delete its close() wrote, tagged so that the next holder owes no grace)`
       : took === "PURGE"
       ? "the server's marker for an expired entry"
       : took === before.node
-      ? `${took}'s renewals (a compare-and-set per guarded write, or every ${
-        Math.round(TTL / 3)
-      } ms without one)`
+      ? `${took}'s renewals (${renewals})`
       : `${took}'s entry`;
     const run = runs.at(-1);
     if (run && run.what === what && run.last === rev - 1) run.last = rev;
@@ -283,7 +306,7 @@ function explainSkip(before: Event, after: Event): void {
   );
   line(
     "demo",
-    `why ${from} → ${to}: an epoch is the KV revision its tenure began at, and every write to the bucket takes the next revision: ${
+    `why ${from} → ${to}: ${rule}${
       spans.join(", ")
     }, so ${after.node}'s take got ${to}`,
   );

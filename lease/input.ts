@@ -15,7 +15,77 @@ export function describe(value: unknown): string {
   return value === null ? "null" : typeof value;
 }
 
-export function checkKey(verb: string, key: unknown): asserts key is string {
+/**
+ * The longest control line nats-server takes from a client, in bytes: its
+ * `max_control_line` (4096 unless configured), counted over what follows
+ * `PUB `/`HPUB ` up to the CR LF: the subject, the reply subject and the
+ * sizes. A longer line makes the server close the connection ("Maximum
+ * Control Line Exceeded"), dropping every lease on it, and the request is
+ * never answered: so a key that would make one must be refused up front.
+ * Measured on nats-server 2.15.2 and 2.9.10: a line of exactly 4096 bytes
+ * is taken, one of 4097 is not.
+ */
+export const MAX_CONTROL_LINE = 4096;
+
+/**
+ * The room a key's longest request leaves around the key, apart from the
+ * API prefix, the inbox prefix and the bucket name (twice). That request
+ * creates a watch's ordered consumer; nats.js 3.4 puts the filter subject
+ * in the request's subject:
+ *
+ *     PUB <api>.CONSUMER.CREATE.KV_<bucket>.<nuid>_<serial>.$KV.<bucket>.<key> <inbox>.<nuid>.<token> <size>
+ *
+ * The others are shorter for any bucket: the direct get (`<api>.DIRECT.GET.
+ * KV_<bucket>.$KV.<bucket>.<key>`, same reply, size 0) by 48 bytes, and a
+ * compare-and-set (`HPUB [<api>.]$KV.<bucket>.<key>`, our reply with its
+ * counter, two sizes) by at least the bucket's length plus 49. A name or a
+ * nuid is 22 characters, a request's reply token 8. The consumer's serial
+ * grows by one each time nats.js re-creates it (also on every failed
+ * attempt while a server has no JetStream leader, without bound), so it
+ * gets the 16 digits of 2^53; the request's JSON (the consumer's config
+ * with the filter subject) stays under 10,000 bytes for any key that fits,
+ * so 4 digits.
+ */
+const WATCH_OVERHEAD = ".CONSUMER.CREATE.KV_".length + ".".length + 22 +
+  "_".length + 16 + ".$KV.".length + ".".length + " ".length + ".".length +
+  22 + ".".length + 8 + " ".length + 4;
+
+/**
+ * The longest key a lease manager takes on `bucket`: the longest whose
+ * requests all fit in nats-server's default control line (see
+ * {@linkcode MAX_CONTROL_LINE}). 3,967 characters on bucket `leases` with
+ * nats.js's defaults; each character of the bucket's name costs two, and a
+ * JetStream domain costs its length plus one.
+ *
+ * @param bucket The bucket's name.
+ * @param apiPrefix The JetStream API prefix requests go to: `$JS.API`, or
+ *   `$JS.<domain>.API` through a domain.
+ * @param inboxPrefix The connection's inbox prefix (nats.js: `_INBOX`).
+ */
+export function maxKeyLength(
+  bucket: string,
+  apiPrefix: string = "$JS.API",
+  inboxPrefix: string = "_INBOX",
+): number {
+  return MAX_CONTROL_LINE - WATCH_OVERHEAD - apiPrefix.length -
+    inboxPrefix.length - 2 * bucket.length;
+}
+
+/** A long value as a message shows it: its start, and its length. */
+function preview(key: string): string {
+  return `${JSON.stringify(key.slice(0, 24))}... (${key.length} characters)`;
+}
+
+/**
+ * `key` of a call: a valid key, of at most `max` characters (the bucket's
+ * {@linkcode maxKeyLength}; a longer key would get the connection closed
+ * on its first request, see {@linkcode MAX_CONTROL_LINE}).
+ */
+export function checkKey(
+  verb: string,
+  key: unknown,
+  max: number = Infinity,
+): asserts key is string {
   if (typeof key !== "string" || !KEY_RE.test(key)) {
     throw new TypeError(
       `Cannot ${verb} as 'key' must be ASCII letters, digits, '-', '_', '/' or '=' in non-empty '.'-separated tokens: received ${
@@ -23,6 +93,41 @@ export function checkKey(verb: string, key: unknown): asserts key is string {
       }`,
     );
   }
+  if (key.length > max) throw keyTooLong(verb, "key", key, max);
+}
+
+/**
+ * The TypeError of a key (or of a name that becomes keys) too long for its
+ * bucket: it names the limit and the length, not the whole value.
+ */
+export function keyTooLong(
+  verb: string,
+  name: string,
+  value: string,
+  max: number,
+  what: string = "",
+): TypeError {
+  return new TypeError(
+    `Cannot ${verb} as '${name}' must be at most ${max} characters long on this bucket${what} (a longer subject would overflow nats-server's ${MAX_CONTROL_LINE}-byte control line, and the server would close the connection): received ${
+      preview(value)
+    }`,
+  );
+}
+
+/**
+ * The longest key each lease manager takes, for the recipes (semaphores,
+ * shards) that build keys from a name: they check the name once, up front.
+ */
+const keyRooms = new WeakMap<object, number>();
+
+/** Records the longest key `manager` takes. */
+export function setKeyRoom(manager: object, max: number): void {
+  keyRooms.set(manager, max);
+}
+
+/** The longest key `manager` takes: Infinity when it did not say. */
+export function keyRoom(manager: object): number {
+  return keyRooms.get(manager) ?? Infinity;
 }
 
 /** `signal` of a call on `key`: an AbortSignal or undefined. */
