@@ -895,6 +895,65 @@ describe("lease manager on one server", () => {
       );
     });
   });
+
+  test("watch(), campaign() and waiting guards on one signal add one abort listener to it, not one each, and all end when it aborts", async () => {
+    const bucket = uniq("b");
+    const holder = await manager({ node: "h", bucket, restartGrace: false });
+    const m = await manager({ node: "a", bucket, restartGrace: false });
+    const keys = Array.from({ length: 20 }, (_, i) => `k${i}`);
+    // wait: a fresh key's first write waits a TTL before nats-server 2.11.2.
+    await Promise.all(
+      keys.map((k) => holder.guard(k, () => {}, { wait: true })),
+    );
+    // Counted by wrapping the signal's own methods: every runtime, and
+    // no reliance on Node's getEventListeners.
+    const ctl = new AbortController();
+    const sig = ctl.signal;
+    const live = new Set<unknown>();
+    let most = 0;
+    const add = sig.addEventListener.bind(sig);
+    const remove = sig.removeEventListener.bind(sig);
+    sig.addEventListener = ((type: string, fn: unknown, o?: unknown) => {
+      if (type === "abort") live.add(fn);
+      most = Math.max(most, live.size);
+      add(type, fn as EventListener, o as AddEventListenerOptions);
+    }) as typeof sig.addEventListener;
+    sig.removeEventListener = ((type: string, fn: unknown, o?: unknown) => {
+      if (type === "abort") live.delete(fn);
+      remove(type, fn as EventListener, o as EventListenerOptions);
+    }) as typeof sig.removeEventListener;
+    const signal = sig;
+    // 60 waits at once: Node warns of a leak past 10 listeners.
+    const waits = keys.flatMap((k) => [
+      m.guard(k, () => {}, { wait: true, signal }),
+      (async () => {
+        for await (const _ of m.campaign(k, { signal })) return "led";
+      })(),
+      (async () => {
+        let n = 0;
+        for await (const _ of m.watch(k, { signal })) n++;
+        return n;
+      })(),
+    ]);
+    await sleep(300);
+    // Many guards that write at once on a key held, each with the signal.
+    const x = uniq("x");
+    await m.guard(x, () => {}, { wait: true });
+    for (let i = 0; i < 2000; i++) {
+      await m.guard(x, () => {}, { signal, check: "lease" });
+    }
+    assert.ok(most <= 1, `${most} abort listeners on one signal at once`);
+    assert.equal(live.size, 1, "the one they share while they wait");
+    const why = new Error("stop");
+    ctl.abort(why);
+    const ends = await Promise.allSettled(waits);
+    ends.forEach((e, i) => {
+      if (i % 3 === 0) {
+        assert.equal(e.status, "rejected");
+        assert.equal((e as PromiseRejectedResult).reason, why);
+      } else assert.equal(e.status, "fulfilled");
+    });
+  });
 });
 
 describe("lease manager under server faults", () => {
