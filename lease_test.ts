@@ -17,7 +17,13 @@ import {
   UnavailableError,
 } from "./mod.ts";
 import { signal, startChild } from "./test_util/child.ts";
-import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
+import {
+  eventually,
+  guardUntil,
+  sleep,
+  strayErrors,
+  uniq,
+} from "./test_util/lease_helpers.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 
 const TTL = 1000;
@@ -957,6 +963,71 @@ describe("lease manager on one server", () => {
 });
 
 describe("lease manager under server faults", () => {
+  for (const how of ["closed by the caller", "given up by nats.js"]) {
+    test(`campaign() and waiting guards over a connection ${how} reject with UnavailableError, watch() ends, and nothing goes unhandled`, async () => {
+      await using ns = await NatsServer.start();
+      const bucket = uniq("b");
+      const ncH = await conn(ns.url);
+      const holder = await createLeaseManager({
+        nc: ncH,
+        node: "h",
+        bucket,
+        ttl: TTL,
+      });
+      // nats.js's default gives up after 10 tries, 2 s apart: 2 × 100 ms here.
+      const nc = await connect({
+        servers: ns.url,
+        maxReconnectAttempts: 2,
+        reconnectTimeWait: 100,
+      });
+      const m = await createLeaseManager({ nc, node: "a", bucket, ttl: TTL });
+      const stray = strayErrors();
+      try {
+        await holder.guard("taken", () => {}, { wait: true });
+        const leading = (async () => {
+          for await (const l of m.campaign("free")) {
+            await new Promise((r) => l.signal.addEventListener("abort", r));
+          }
+        })();
+        const waiting = (async () => {
+          for await (const _ of m.campaign("taken")) return;
+        })();
+        const guard = m.guard("taken", () => {}, { wait: true });
+        const watched = (async () => {
+          let n = 0;
+          for await (const _ of m.watch("taken")) n++;
+          return n;
+        })();
+        await eventually(async () => await m.held("free"), 5 * TTL, "leads");
+        await sleep(100);
+        if (how === "closed by the caller") await nc.close();
+        else await ns.kill();
+        const t0 = performance.now();
+        for (const p of [leading, waiting, guard]) {
+          await assert.rejects(
+            p,
+            (e) =>
+              e instanceof UnavailableError &&
+              /connection is closed/.test(e.message),
+          );
+        }
+        assert.ok((await watched) >= 1);
+        console.log(
+          `  [figures] connection ${how}: the campaigns ended ${
+            Math.round(performance.now() - t0)
+          } ms later`,
+        );
+        assert.deepEqual(await stray.stop(), []);
+      } finally {
+        await stray.stop();
+        await m.close().catch(() => {});
+        await nc.close();
+        if (ns.running) await holder.close();
+        await ncH.close();
+      }
+    });
+  }
+
   test("createLeaseManager() on a server without JetStream says so, and creates nothing", async () => {
     await using ns = await NatsServer.start({ jetstream: false });
     const nc = await conn(ns.url);
