@@ -203,7 +203,7 @@ class Example {
     );
   }
 
-  kill(signal: "SIGINT" | "SIGKILL"): void {
+  kill(signal: "SIGINT" | "SIGTERM" | "SIGKILL"): void {
     if (this.#exited || this.#child.pid === undefined) return;
     // Not `child.kill()`: under Deno 2.9 a child signalled that way is
     // reported as killed by the signal even when it caught it and exited 0.
@@ -260,7 +260,7 @@ describe("examples against a real nats-server", () => {
   // three times.
   for (const runtime of [self]) {
     test(
-      `examples/${runtime}.ts under ${runtime}: one copy writes, a second waits, SIGINT hands over at once, and the second stops on its own`,
+      `examples/${runtime}.ts under ${runtime}: one copy writes, a second waits, SIGINT hands over at once, the second stops on its own, and a third stops cleanly on SIGTERM`,
       { timeout: TEST_TIMEOUT },
       async () => {
         const key = unique(runtime);
@@ -324,6 +324,23 @@ describe("examples against a real nats-server", () => {
           ),
         );
         await b.succeeded();
+
+        // A service manager stops it with SIGTERM: a clean leave too, where
+        // the default action would kill it and cost a successor TTL + grace.
+        const c = start(runtime, `${runtime}.ts`, {
+          NODE_ID: `${runtime}-C`,
+          LEASE_KEY: key,
+          RUN_FOR_MS: "20000",
+        });
+        await c.waitFor(/^\[\S+-C\] wrote order #1 at epoch (\d+)$/);
+        c.kill("SIGTERM");
+        await c.waitFor(/^\[\S+-C\] stopping \(SIGTERM\)$/);
+        await c.waitFor(
+          new RegExp(
+            `^\\[${runtime}-C\\] released '${key}' and closed the connection after [1-9]\\d* writes$`,
+          ),
+        );
+        await c.succeeded();
       },
     );
   }

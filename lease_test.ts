@@ -17,7 +17,13 @@ import {
   UnavailableError,
 } from "./mod.ts";
 import { signal, startChild } from "./test_util/child.ts";
-import { guardUntil, sleep, uniq } from "./test_util/lease_helpers.ts";
+import {
+  eventually,
+  guardUntil,
+  sleep,
+  strayErrors,
+  uniq,
+} from "./test_util/lease_helpers.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 
 const TTL = 1000;
@@ -895,9 +901,138 @@ describe("lease manager on one server", () => {
       );
     });
   });
+
+  test("watch(), campaign() and waiting guards on one signal add one abort listener to it, not one each, and all end when it aborts", async () => {
+    const bucket = uniq("b");
+    const holder = await manager({ node: "h", bucket, restartGrace: false });
+    const m = await manager({ node: "a", bucket, restartGrace: false });
+    const keys = Array.from({ length: 20 }, (_, i) => `k${i}`);
+    // wait: a fresh key's first write waits a TTL before nats-server 2.11.2.
+    await Promise.all(
+      keys.map((k) => holder.guard(k, () => {}, { wait: true })),
+    );
+    // Counted by wrapping the signal's own methods: every runtime, and
+    // no reliance on Node's getEventListeners.
+    const ctl = new AbortController();
+    const sig = ctl.signal;
+    const live = new Set<unknown>();
+    let most = 0;
+    const add = sig.addEventListener.bind(sig);
+    const remove = sig.removeEventListener.bind(sig);
+    sig.addEventListener = ((type: string, fn: unknown, o?: unknown) => {
+      if (type === "abort") live.add(fn);
+      most = Math.max(most, live.size);
+      add(type, fn as EventListener, o as AddEventListenerOptions);
+    }) as typeof sig.addEventListener;
+    sig.removeEventListener = ((type: string, fn: unknown, o?: unknown) => {
+      if (type === "abort") live.delete(fn);
+      remove(type, fn as EventListener, o as EventListenerOptions);
+    }) as typeof sig.removeEventListener;
+    const signal = sig;
+    // 60 waits at once: Node warns of a leak past 10 listeners.
+    const waits = keys.flatMap((k) => [
+      m.guard(k, () => {}, { wait: true, signal }),
+      (async () => {
+        for await (const _ of m.campaign(k, { signal })) return "led";
+      })(),
+      (async () => {
+        let n = 0;
+        for await (const _ of m.watch(k, { signal })) n++;
+        return n;
+      })(),
+    ]);
+    await sleep(300);
+    // Many guards that write at once on a key held, each with the signal.
+    const x = uniq("x");
+    await m.guard(x, () => {}, { wait: true });
+    for (let i = 0; i < 2000; i++) {
+      await m.guard(x, () => {}, { signal, check: "lease" });
+    }
+    assert.ok(most <= 1, `${most} abort listeners on one signal at once`);
+    assert.equal(live.size, 1, "the one they share while they wait");
+    const why = new Error("stop");
+    ctl.abort(why);
+    const ends = await Promise.allSettled(waits);
+    ends.forEach((e, i) => {
+      if (i % 3 === 0) {
+        assert.equal(e.status, "rejected");
+        assert.equal((e as PromiseRejectedResult).reason, why);
+      } else assert.equal(e.status, "fulfilled");
+    });
+  });
 });
 
 describe("lease manager under server faults", () => {
+  for (const how of ["closed by the caller", "given up by nats.js"]) {
+    test(`campaign() and waiting guards over a connection ${how} reject with UnavailableError, watch() ends, and nothing goes unhandled`, async () => {
+      await using ns = await NatsServer.start();
+      const bucket = uniq("b");
+      const ncH = await conn(ns.url);
+      const holder = await createLeaseManager({
+        nc: ncH,
+        node: "h",
+        bucket,
+        ttl: TTL,
+      });
+      // nats.js's default gives up after 10 tries, 2 s apart: 2 × 100 ms here.
+      const nc = await connect({
+        servers: ns.url,
+        maxReconnectAttempts: 2,
+        reconnectTimeWait: 100,
+      });
+      const m = await createLeaseManager({ nc, node: "a", bucket, ttl: TTL });
+      const stray = strayErrors();
+      try {
+        await holder.guard("taken", () => {}, { wait: true });
+        const leading = (async () => {
+          for await (const l of m.campaign("free")) {
+            await new Promise((r) => l.signal.addEventListener("abort", r));
+          }
+        })();
+        const waiting = (async () => {
+          for await (const _ of m.campaign("taken")) return;
+        })();
+        const guard = m.guard("taken", () => {}, { wait: true });
+        // Each handled from the start: what a closed connection does must
+        // reach these awaits, and one that rejected while another was
+        // awaited would be reported unhandled.
+        const ends = [leading, waiting, guard].map((p) =>
+          p.then(() => "ended quietly", (e: unknown) => e)
+        );
+        const watched = (async () => {
+          let n = 0;
+          for await (const _ of m.watch("taken")) n++;
+          return n;
+        })();
+        await eventually(async () => await m.held("free"), 5 * TTL, "leads");
+        await sleep(100);
+        if (how === "closed by the caller") await nc.close();
+        else await ns.kill();
+        const t0 = performance.now();
+        for (const e of await Promise.all(ends)) {
+          assert.ok(
+            e instanceof UnavailableError &&
+              /connection is closed/.test(e.message),
+            String(e),
+          );
+        }
+        assert.ok((await watched) >= 1);
+        console.log(
+          `  [figures] connection ${how}: the campaigns ended ${
+            Math.round(performance.now() - t0)
+          } ms later`,
+        );
+        assert.deepEqual(await stray.stop(), []);
+      } finally {
+        await stray.stop();
+        await m.close().catch(() => {});
+        await nc.close();
+        if (ns.running) await holder.close();
+        await ncH.close();
+      }
+    });
+  }
+
   test("createLeaseManager() on a server without JetStream says so, and creates nothing", async () => {
     await using ns = await NatsServer.start({ jetstream: false });
     const nc = await conn(ns.url);

@@ -23,9 +23,16 @@ import {
   semaphore,
   SemaphoreFullError,
   type SlotLease,
+  UnavailableError,
 } from "./mod.ts";
 import { instrument } from "./otel.ts";
-import { conn, eventually, sleep, uniq } from "./test_util/lease_helpers.ts";
+import {
+  conn,
+  eventually,
+  sleep,
+  strayErrors,
+  uniq,
+} from "./test_util/lease_helpers.ts";
 import { startChild } from "./test_util/child.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 
@@ -444,6 +451,34 @@ describe("semaphore", () => {
       2000,
       "no consumer once the slot is released",
     );
+  });
+
+  test("over a connection closed for good, waiting guard() and acquire() reject with UnavailableError, a held slot's signal aborts, and nothing goes unhandled", async () => {
+    const bucket = uniq("s");
+    const a = await manager("a", bucket);
+    const b = await manager("b", bucket);
+    const nc = conns.at(-1)!;
+    const stray = strayErrors();
+    const held = await semaphore(a, "z", { limit: 1 }).acquire();
+    const mine = await semaphore(b, "z2", { limit: 1 }).acquire();
+    // Each handled from the start: one that rejected while another was
+    // awaited would be reported unhandled.
+    const ends = [
+      semaphore(b, "z", { limit: 1 }).guard(() => {}, { wait: true }),
+      semaphore(b, "z", { limit: 1 }).acquire(),
+    ].map((p) => p.then(() => "ended quietly", (e: unknown) => e));
+    await sleep(150);
+    await nc.close();
+    for (const e of await Promise.all(ends)) {
+      assert.ok(
+        e instanceof UnavailableError && /connection is closed/.test(e.message),
+        String(e),
+      );
+    }
+    assert.equal(mine.signal.aborted, true);
+    await mine.release().catch(() => {});
+    await held.release();
+    assert.deepEqual(await stray.stop(), []);
   });
 
   test("a SIGKILLed holder's slot is taken by a waiter after the TTL and the grace, not before", async () => {

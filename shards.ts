@@ -948,8 +948,18 @@ class Member {
         }
         this.#reconcile();
       }
-      // The watch ended without our stop: the manager closed.
-      if (!this.#stop.signal.aborted) this.#end();
+      // The watch ended without our stop: the manager closed (the member
+      // ends), or the connection closed for good, which the iteration
+      // reports as it documents (a campaign's guard rejects alike).
+      if (this.#stop.signal.aborted) return;
+      if (this.#leases.health?.().closed === false) {
+        this.#fail(
+          new UnavailableError(
+            this.#group,
+            `Cannot follow the shards of '${this.#group}': the NATS connection is closed`,
+          ),
+        );
+      } else this.#end();
     } catch (err) {
       if (!this.#stop.signal.aborted) this.#fail(err);
     }

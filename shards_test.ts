@@ -32,6 +32,7 @@ import {
   conn,
   eventually,
   sleep,
+  strayErrors,
   uniq,
   versionOf,
 } from "./test_util/lease_helpers.ts";
@@ -596,6 +597,30 @@ describe("shards on a real server", () => {
       5 * TTL,
       "no consumers",
     );
+  });
+
+  test("shards() over a connection closed for good rejects with UnavailableError, as it documents, and nothing goes unhandled", async () => {
+    const bucket = uniq("shx");
+    const leases = await manager("x", bucket);
+    const nc = conns.at(-1)!;
+    const stray = strayErrors();
+    const seen: ShardAssignment[] = [];
+    // Handled from the start, so that a rejection is never left unhandled
+    // while the test awaits something else.
+    const end = (async () => {
+      for await (const a of shards(leases, "jobs", { count: 4 })) seen.push(a);
+    })().then(() => "ended quietly", (e: unknown) => e);
+    await eventually(() => seen.at(-1)?.owned.size === 4, 10 * TTL, "owns all");
+    const owned = [...seen.at(-1)!.owned.values()];
+    await nc.close();
+    // Ending quietly, as on close(), would look like a clean leave.
+    const e = await end;
+    assert.ok(
+      e instanceof UnavailableError && /connection is closed/.test(e.message),
+      String(e),
+    );
+    for (const l of owned) assert.equal(l.signal.aborted, true);
+    assert.deepEqual(await stray.stop(), []);
   });
 
   test("shards() moves a SIGKILLed member's shards after its TTL and the grace", async () => {

@@ -26,11 +26,13 @@ const key = Bun.env.LEASE_KEY ?? "orders";
 const runFor = Number(Bun.env.RUN_FOR_MS ?? 30_000);
 const log = (msg: string) => console.log(`[${node}] ${msg}`);
 
-// Ctrl-C, or the end of the run, aborts this controller; both the loop and
+// Ctrl-C, SIGTERM or the end of the run aborts this controller; both the loop and
 // the lease manager listen to its signal.
 const stop = new AbortController();
 const onSigint = () => stop.abort("SIGINT");
+const onSigterm = () => stop.abort("SIGTERM");
 process.once("SIGINT", onSigint);
+process.once("SIGTERM", onSigterm);
 const timer = setTimeout(() => stop.abort("time is up"), runFor);
 
 let written = 0;
@@ -79,6 +81,7 @@ let written = 0;
 }
 clearTimeout(timer);
 process.off("SIGINT", onSigint);
+process.off("SIGTERM", onSigterm);
 log(`released '${key}' and closed the connection after ${written} writes`);
 
 /**

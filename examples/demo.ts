@@ -409,7 +409,10 @@ async function main(): Promise<number> {
       `Started nats-server ${server.version} on ${servers} (set NATS_URL to use your own)`,
     );
   }
-  const nc = await connect({ servers: servers.split(",") });
+  const nc = await connect({
+    servers: servers.split(","),
+    maxReconnectAttempts: -1,
+  });
   const deadline = setTimeout(() => {
     console.error(`The demo did not finish within ${DEADLINE} ms`);
     for (const child of children.values()) child.kill("SIGKILL");

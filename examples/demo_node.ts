@@ -30,6 +30,7 @@ function emit(event: string, data: Record<string, unknown> = {}): void {
 
 const stop = new AbortController();
 process.once("SIGINT", () => stop.abort("SIGINT"));
+process.once("SIGTERM", () => stop.abort("SIGTERM"));
 
 const nc = await connect({ servers, maxReconnectAttempts: -1 });
 const leases = await createLeaseManager({

@@ -27,11 +27,13 @@ const key = Deno.env.get("LEASE_KEY") ?? "orders";
 const runFor = Number(Deno.env.get("RUN_FOR_MS") ?? 30_000);
 const log = (msg: string) => console.log(`[${node}] ${msg}`);
 
-// Ctrl-C, or the end of the run, aborts this controller. The lease manager
+// Ctrl-C, SIGTERM or the end of the run aborts this controller. The lease manager
 // listens to its signal: aborting it releases the lease for the next node.
 const stop = new AbortController();
 const onSigint = () => stop.abort("SIGINT");
+const onSigterm = () => stop.abort("SIGTERM");
 Deno.addSignalListener("SIGINT", onSigint);
+Deno.addSignalListener("SIGTERM", onSigterm);
 const timer = setTimeout(() => stop.abort("time is up"), runFor);
 
 const nc = await connect({
@@ -78,6 +80,7 @@ await leases.close(); // resolves once the lease is released
 await nc.close();
 clearTimeout(timer);
 Deno.removeSignalListener("SIGINT", onSigint);
+Deno.removeSignalListener("SIGTERM", onSigterm);
 log(`released '${key}' and closed the connection after ${written} writes`);
 
 /** Waits `ms` milliseconds, or less if `signal` aborts first. */

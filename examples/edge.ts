@@ -34,7 +34,8 @@ const node = env("NODE_ID") ?? `edge-${crypto.randomUUID().slice(0, 8)}`;
 {
   // `await using` cleans up in reverse order when the block ends, also on an
   // error: the lease manager releases the lease, then the connection drains.
-  await using nc = await wsconnect({ servers });
+  // Reconnects forever: the default gives up after 10 tries (about 20 s).
+  await using nc = await wsconnect({ servers, maxReconnectAttempts: -1 });
   console.log(`[${node}] connected over WebSocket to ${servers.join(",")}`);
   await using leases = await createLeaseManager({
     nc,

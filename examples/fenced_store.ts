@@ -70,8 +70,10 @@ const key = process.env.LEASE_KEY ?? "ledger";
 const options = { bucket: "fenced-example", ttl: 1_000 };
 const store = new FencedStore();
 
-const ncA = await connect({ servers });
-const ncB = await connect({ servers });
+// Reconnects forever: nats.js gives up after 10 tries by default, and a
+// manager over a connection closed for good refuses every write.
+const ncA = await connect({ servers, maxReconnectAttempts: -1 });
+const ncB = await connect({ servers, maxReconnectAttempts: -1 });
 const a = await createLeaseManager({ nc: ncA, node: "node-a", ...options });
 const b = await createLeaseManager({ nc: ncB, node: "node-b", ...options });
 try {

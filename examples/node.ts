@@ -29,11 +29,14 @@ const key = process.env.LEASE_KEY ?? "orders";
 const runFor = Number(process.env.RUN_FOR_MS ?? 30_000);
 const log = (msg: string) => console.log(`[${node}] ${msg}`);
 
-// Ctrl-C, or the end of the run, aborts this signal; both the loop and the
-// lease manager listen to it.
+// Ctrl-C, SIGTERM (a service manager's stop) or the end of the run aborts
+// this signal; both the loop and the lease manager listen to it, so each
+// hands the lease on at once.
 const stop = new AbortController();
 const onSigint = () => stop.abort("SIGINT");
+const onSigterm = () => stop.abort("SIGTERM");
 process.once("SIGINT", onSigint);
+process.once("SIGTERM", onSigterm);
 const signal = AbortSignal.any([stop.signal, AbortSignal.timeout(runFor)]);
 
 let written = 0;
@@ -78,7 +81,8 @@ let written = 0;
       throw err;
     }
   }
-  log(`stopping (${signal.reason === "SIGINT" ? "SIGINT" : "time is up"})`);
+  log(`stopping (${stop.signal.aborted ? stop.signal.reason : "time is up"})`);
 }
 process.off("SIGINT", onSigint);
+process.off("SIGTERM", onSigterm);
 log(`released '${key}' and closed the connection after ${written} writes`);

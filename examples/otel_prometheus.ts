@@ -51,8 +51,8 @@ const { port } = http.address() as AddressInfo;
 console.log(`metrics: http://127.0.0.1:${port}/metrics`);
 
 const [ncA, ncB] = await Promise.all([
-  connect({ servers }),
-  connect({ servers }),
+  connect({ servers, maxReconnectAttempts: -1 }),
+  connect({ servers, maxReconnectAttempts: -1 }),
 ]);
 // One meter per node: Prometheus tells them apart by `otel_scope_name`.
 const a = instrument(

@@ -28,7 +28,8 @@ const options = { bucket: "semaphore-example", ttl: 2_000 };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 const ncs = await Promise.all(
-  [0, 1, 2, 3, 4].map(() => connect({ servers })),
+  // Reconnects forever: a builder waits through an outage of any length.
+  [0, 1, 2, 3, 4].map(() => connect({ servers, maxReconnectAttempts: -1 })),
 );
 const builders = await Promise.all(
   ncs.map((nc, i) =>

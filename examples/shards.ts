@@ -52,7 +52,8 @@ const store = new FencedStore();
 
 /** One worker: a member of the group that writes the shards it owns. */
 async function worker(name: string) {
-  const nc = await connect({ servers });
+  // Reconnects forever: a worker keeps its shards, or waits, through an outage.
+  const nc = await connect({ servers, maxReconnectAttempts: -1 });
   const leases = await createLeaseManager({
     nc,
     node: name,

@@ -18,7 +18,10 @@ self.onmessage = async (e: MessageEvent<{ servers: string; key: string }>) => {
     let epoch = 0;
     {
       // Released and closed, in that order, when this block ends.
-      await using nc = await wsconnect({ servers: servers.split(",") });
+      await using nc = await wsconnect({
+        servers: servers.split(","),
+        maxReconnectAttempts: -1,
+      });
       await using leases = await createLeaseManager({
         nc,
         node,

@@ -258,7 +258,7 @@
  * @module
  */
 
-import { abortReason, raceAbort } from "./_async.ts";
+import { abortReason, onAbort, raceAbort } from "./_async.ts";
 import { encoder, entryId, type Seen, toSeen } from "./entry.ts";
 import { errText, NotHolderError, UnavailableError } from "./errors.ts";
 import {
@@ -833,21 +833,23 @@ export class Manager extends EventTarget implements LeaseManager {
   ): Promise<T> {
     const tenure = st.tenure!;
     // With a caller's signal, one controller follows both for the length of
-    // the write; its listeners go when it settles, so a long-lived caller
-    // signal does not collect one dependent per guard.
+    // the write; its waits go when it settles, so a long-lived caller
+    // signal does not collect one dependent per guard (and concurrent
+    // guards share one listener on it, onAbort).
     const tenureSignal = tenure.controller.signal;
     let leaseSignal = tenureSignal;
     let unfollow: (() => void) | undefined;
     if (signal && follow) {
       const follow = new AbortController();
-      const onTenure = () => follow.abort(tenureSignal.reason);
-      const onCaller = () => follow.abort(signal.reason);
-      tenureSignal.addEventListener("abort", onTenure, { once: true });
-      signal.addEventListener("abort", onCaller, { once: true });
+      const offTenure = onAbort(
+        tenureSignal,
+        () => follow.abort(tenureSignal.reason),
+      );
+      const offCaller = onAbort(signal, () => follow.abort(signal.reason));
       leaseSignal = follow.signal;
       unfollow = () => {
-        tenureSignal.removeEventListener("abort", onTenure);
-        signal.removeEventListener("abort", onCaller);
+        offTenure();
+        offCaller();
       };
     }
     const settled = () => {
@@ -1081,23 +1083,24 @@ export class Manager extends EventTarget implements LeaseManager {
     if (signal?.aborted) return Promise.reject(abortReason(signal));
     return new Promise<void>((resolve, reject) => {
       const closing = this.#closeCtl.signal;
+      if (closing.aborted) return resolve();
       let stop = (): unknown => undefined;
       const cleanup = () => {
         stop();
-        signal?.removeEventListener("abort", onAbort);
-        closing.removeEventListener("abort", done);
+        offCaller?.();
+        offClose();
       };
       const done = () => {
         cleanup();
         resolve();
       };
-      const onAbort = () => {
+      // Every wait shares one listener per signal (onAbort): a manager's
+      // close is waited on by all its waiting guards and campaigns.
+      const offCaller = signal && onAbort(signal, () => {
         cleanup();
-        reject(abortReason(signal!));
-      };
-      if (closing.aborted) return resolve();
-      signal?.addEventListener("abort", onAbort, { once: true });
-      closing.addEventListener("abort", done, { once: true });
+        reject(abortReason(signal));
+      });
+      const offClose = onAbort(closing, done);
       stop = start(done);
     });
   }
@@ -1193,8 +1196,9 @@ export class Manager extends EventTarget implements LeaseManager {
     };
     const wake = () => notify?.();
     kw.listeners.add(listener);
-    signal?.addEventListener("abort", wake);
-    this.#closeCtl.signal.addEventListener("abort", wake);
+    // Shared listeners (onAbort): a shards member has 16 such iterators.
+    const offCaller = signal && onAbort(signal, wake);
+    const offClose = onAbort(this.#closeCtl.signal, wake);
     if (kw.seen !== undefined) listener(kw.seen);
     this.#armWatch(kw);
     try {
@@ -1218,8 +1222,8 @@ export class Manager extends EventTarget implements LeaseManager {
       }
     } finally {
       kw.listeners.delete(listener);
-      signal?.removeEventListener("abort", wake);
-      this.#closeCtl.signal.removeEventListener("abort", wake);
+      offCaller?.();
+      offClose();
       this.#unwatch(kw);
     }
   }

@@ -1,5 +1,6 @@
 // Small helpers shared by the lease test files.
 import { execFileSync } from "node:child_process";
+import process from "node:process";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstream, JetStreamApiError } from "@nats-io/jetstream";
@@ -142,4 +143,27 @@ export function versionOf(binary: string): string {
 export function markersSupported(version: string): boolean {
   const [a = 0, b = 0, c = 0] = version.split(".").map(Number);
   return a > 2 || (a === 2 && (b > 11 || (b === 11 && c >= 2)));
+}
+
+/**
+ * Records every unhandled rejection and uncaught exception from now until
+ * `stop()`, which returns them: what a closed connection does to a manager
+ * must reach the caller's await, never a process-wide handler (a Node
+ * process dies of it, with a stack trace).
+ */
+export function strayErrors(): { stop(): Promise<unknown[]> } {
+  const seen: unknown[] = [];
+  const rejection = (reason: unknown) => void seen.push(reason);
+  const uncaught = (err: unknown) => void seen.push(err);
+  process.on("unhandledRejection", rejection);
+  process.on("uncaughtException", uncaught);
+  return {
+    async stop() {
+      // A rejection is reported unhandled a turn or so after it settles.
+      await sleep(100);
+      process.off("unhandledRejection", rejection);
+      process.off("uncaughtException", uncaught);
+      return seen;
+    },
+  };
 }

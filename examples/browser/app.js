@@ -39,7 +39,9 @@ function show(holder) {
   document.title = holder.node === node ? "Leader: this tab" : "Follower";
 }
 
-const nc = await wsconnect({ servers });
+// Reconnects forever: a tab leads (or waits) again after an outage of any
+// length, where the default gives up after 10 tries.
+const nc = await wsconnect({ servers, maxReconnectAttempts: -1 });
 // A short TTL, so that a tab that dies without releasing (a crash, a killed
 // process) is replaced within seconds: after the TTL and the failover grace.
 const leases = await createLeaseManager({

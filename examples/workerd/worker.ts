@@ -184,7 +184,11 @@ export class LeaseHolder {
     if (!key) throw new Error("start needs ?key=");
     if (this.#leases) return this.#status();
     this.#key = key;
-    this.#nc = await wsconnect({ servers: this.#env.NATS_WS_URL.split(",") });
+    // The object keeps its lease between requests: reconnect forever.
+    this.#nc = await wsconnect({
+      servers: this.#env.NATS_WS_URL.split(","),
+      maxReconnectAttempts: -1,
+    });
     if (!journalReady) await ensureJournal(this.#nc);
     const leases = await createLeaseManager({
       nc: this.#nc,
