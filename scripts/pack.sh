@@ -4,7 +4,7 @@
 # using the library from this clone before it is on JSR: the main entry,
 # ./otel, whose @opentelemetry/api is an optional peer dependency, ./cli, and
 # the `lease` command as the package's bin, so that
-# `npm install -g dist/nats-lease-lease-*.tgz` (or `bun add -g`) puts `lease`
+# `npm install -g ./dist/nats-lease-lease-*.tgz` (or `bun add -g`) puts `lease`
 # on PATH with nothing but Node 20 or later (docs/cli.md). It is also the
 # file `npm publish` takes once the package goes to npm.
 #
@@ -34,7 +34,7 @@ while (($# > 0)); do
     install_dir="$2"
     shift 2
     ;;
-  -h | --help) sed -n '6,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' && exit 0 ;;
+  -h | --help) sed -n '11,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' && exit 0 ;;
   *) echo "pack.sh: unknown argument '$1'" >&2 && exit 2 ;;
   esac
 done
