@@ -110,7 +110,11 @@ async function startWatchdog(
   killAfter: number,
   contain: boolean,
 ): Promise<Watchdog> {
-  const file = import.meta.resolve("./watchdog.ts");
+  // Compiled to JavaScript (the npm package's cli/*.js) the watchdog is the
+  // .js file beside this one: a .ts path would not load under Node 20.
+  const file = import.meta.resolve(
+    import.meta.url.endsWith(".js") ? "./watchdog.js" : "./watchdog.ts",
+  );
   const script = file.startsWith("file:") ? fileURLToPath(file) : file;
   // Deno lets a program touch /sys (the cgroup of --contain) only with
   // every permission.

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds the package as JSR's npm layer would serve it (ESM JavaScript and
 # .d.ts files, @nats-io/* left as bare imports) into an npm tarball, for
-# using the library from this clone before it is on JSR: the main entry and
-# ./otel, whose @opentelemetry/api is an optional peer dependency (the
-# `lease` command runs from the clone, see docs/cli.md).
+# using the library from this clone before it is on JSR: the main entry,
+# ./otel, whose @opentelemetry/api is an optional peer dependency, ./cli, and
+# the `lease` command as the package's bin, so that
+# `npm install -g ./dist/nats-lease-lease-*.tgz` (or `bun add -g`) puts `lease`
+# on PATH with nothing but Node 20 or later (docs/cli.md). It is also the
+# file `npm publish` takes once the package goes to npm.
 #
 # Usage: bash scripts/pack.sh [--install DIR]
 #
@@ -32,7 +35,7 @@ while (($# > 0)); do
     install_dir="$2"
     shift 2
     ;;
-  -h | --help) sed -n '6,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' && exit 0 ;;
+  -h | --help) sed -n '11,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' && exit 0 ;;
   *) echo "pack.sh: unknown argument '$1'" >&2 && exit 2 ;;
   esac
 done
@@ -53,14 +56,19 @@ pkg="$work/package"
 mkdir -p "$pkg" "$root/dist"
 
 # package.json: name and version from deno.json; dependencies are the
-# @nats-io packages lease.ts and lease/ import, with deno.json's ranges.
+# @nats-io packages lease.ts, lease/ and the command (cli.ts, cli/) import,
+# with deno.json's ranges: transport-node only for the command, which dials
+# the server itself.
 "$node" --input-type=module - "$root" "$pkg" <<'EOF'
 import * as fs from "node:fs";
 import * as path from "node:path";
 const [root, pkg] = process.argv.slice(2);
 const deno = JSON.parse(fs.readFileSync(path.join(root, "deno.json"), "utf8"));
-const source = ["lease.ts", ...fs.readdirSync(path.join(root, "lease"))
-  .filter((f) => f.endsWith(".ts")).map((f) => `lease/${f}`)]
+const inDir = (dir) =>
+  fs.readdirSync(path.join(root, dir))
+    .filter((f) => f.endsWith(".ts") && !f.endsWith("_test.ts"))
+    .map((f) => `${dir}/${f}`);
+const source = ["lease.ts", ...inDir("lease"), "cli.ts", ...inDir("cli")]
   .map((f) => fs.readFileSync(path.join(root, f), "utf8")).join("\n");
 const used = new Set(
   [...source.matchAll(/from "(@nats-io\/[^"]+)"/g)].map((m) => m[1]),
@@ -85,9 +93,24 @@ fs.writeFileSync(
       exports: {
         ".": { types: "./mod.d.ts", default: "./mod.js" },
         "./otel": { types: "./otel.d.ts", default: "./otel.js" },
+        "./cli": { types: "./cli.d.ts", default: "./cli.js" },
       },
-      files: ["*.js", "*.d.ts", "lease/*.js", "lease/*.d.ts", "README.md", "LICENSE"],
+      bin: { lease: "bin/lease.js" },
+      files: [
+        "*.js",
+        "*.d.ts",
+        "lease/*.js",
+        "lease/*.d.ts",
+        "cli/*.js",
+        "cli/*.d.ts",
+        "bin/lease.js",
+        "README.md",
+        "LICENSE",
+      ],
       engines: { node: ">=20" },
+      // A scoped package is private unless said otherwise: without this the
+      // first `npm publish` of the tarball is refused.
+      publishConfig: { access: "public" },
       dependencies,
       // Only ./otel imports it, and an application that measures has its
       // own copy: the one its SDK registers the meter provider with.
@@ -112,13 +135,34 @@ fs.writeFileSync(
       exactOptionalPropertyTypes: true,
       noUncheckedIndexedAccess: true,
       lib: ["ES2023", "ESNext.Disposable", "DOM"],
-      types: [],
+      // Node's typings for the command's node:* imports (the library itself
+      // needs none: npm_compat_test.ts builds it with `types: []`).
+      types: ["node"],
+      typeRoots: [path.join(root, "node_modules", "@types")],
       skipLibCheck: true,
       rootDir: root,
       outDir: pkg,
     },
-    files: [path.join(root, "mod.ts"), path.join(root, "otel.ts")],
+    // cli/watchdog.ts is no import of cli.ts: `lease run` starts it as a
+    // process of its own, from the file beside cli/run.js.
+    files: ["mod.ts", "otel.ts", "cli.ts", "cli/watchdog.ts"]
+      .map((f) => path.join(root, f)),
   }),
+);
+// The bin npm links onto PATH. Not cli.js itself: cli.ts runs main() only
+// when it is the program, which it tells by comparing argv[1] with its own
+// path, and npm's link puts another path (.../bin/lease) there.
+fs.mkdirSync(path.join(pkg, "bin"));
+fs.writeFileSync(
+  path.join(pkg, "bin", "lease.js"),
+  `#!/usr/bin/env node
+// The \`lease\` command (cli.ts in the source; see docs/cli.md).
+import process from "node:process";
+import { main } from "../cli/main.js";
+
+process.exit(await main(process.argv.slice(2)));
+`,
+  { mode: 0o755 },
 );
 EOF
 (cd "$root" && "$node" node_modules/typescript/lib/tsc.js -p "$work/tsconfig.json")
