@@ -517,7 +517,7 @@ const groupsInUse = new WeakMap<LeaseManager, Set<string>>();
  * @param group The group name: a lease key (ASCII letters, digits, `-`, `_`, `/`, `=`, `.`-separated).
  * @param options The shard count, a signal to leave, and the number of membership slots.
  * @returns The assignments, starting once this node's view of the group is complete.
- * @throws {TypeError} `leases` is not a lease manager, `group` is not a valid key, `signal` is not an `AbortSignal`, or a number option is not a number; when iterating starts, `group` is too long for the manager's bucket with the keys made from it; while iterating, another iteration of the same group on this manager is running, or the manager is closed.
+ * @throws {TypeError} `leases` is not a lease manager, `group` is not a valid key, `signal` is not an `AbortSignal`, or a number option is not a number; when iterating starts, `group` is too long for the manager's bucket with the keys made from it, another iteration of the same group on this manager is running, or the manager is closed. A manager closed later ends the iteration quietly, as a leave does.
  * @throws {RangeError} `count` is not a whole number from 1 to {@linkcode MAX_SHARDS}, or `maxMembers` not one from 1 to 256.
  * @throws {UnavailableError} While iterating: the bucket is gone or the connection closed for good.
  * @throws {ShardCountMismatchError} While iterating: the group's longest-standing member records another count; this member took no shard and left.
