@@ -228,23 +228,29 @@ describe("SimKv's fencing features and property PF", () => {
     assert.equal(kv.last(kv.subject("data.k"))?.seq, 2);
   });
 
-  test("SimKv.batch() is refused whole without allow_atomic (10174), and below 2.12 stores each message on its own", () => {
+  test("SimKv.batch() is refused whole without allow_atomic (10174), and below 2.12 stores each message on its own, which PF reports", () => {
     const off = fencedKv({ atomic: false });
     assert.deepEqual(off.kv.batch([off.plain("x"), off.plain("y")], "a", 0), {
       refused: 10174,
       description: "atomic publish is disabled",
     });
     assert.equal(off.kv.log.length, 0);
-    // 2.10.22 and 2.9.10: a refused fenced first message, the rest stored.
+    // 2.10.22 and 2.9.10: the displaced holder's fenced first message is
+    // refused, the two after it stored, after the takeover: PF says so.
     const old = fencedKv({ version: "2.10.22", atomic: false });
-    old.kv.publish(old.take(0), "a", 0);
+    old.kv.publish(old.take(0), "A", 0);
+    old.kv.publish(old.take(1), "B", 0);
     assert.deepEqual(
       old.kv.batch(
         [old.fenced("data.a", 1), old.plain("data.b"), old.plain("data.c")],
-        "a",
+        "A",
         0,
       ),
-      { unbatched: [{ conflict: 0 }, { seq: 2 }, { seq: 3 }] },
+      { unbatched: [{ conflict: 0 }, { seq: 3 }, { seq: 4 }] },
+    );
+    assert.deepEqual(
+      checkPF(old.kv.log).map((v) => v.message.match(/@\d+/)![0]),
+      ["@3", "@4"],
     );
   });
 

@@ -253,18 +253,20 @@ export interface CheckResult {
  * data write fenced on tenure E of a key is stored after the write that
  * began a later tenure of that key.
  *
- * The log alone says which is which. A fenced write is a message whose
+ * The log says which is which. A fenced write is a message whose
  * `Nats-Expected-Last-Subject-Sequence-Subject` names another subject T
- * (the key's tenure entry) and whose expected sequence is E (the epoch);
- * every message committed in the same atomic batch is fenced by the
- * batch's checks too, since it is stored only if they pass. A later
- * tenure of the key began with a put on T after the tenure entry at E (any
- * put on T when E names none there, as 0 does). The check reads the
- * headers as stored, whatever the server did with them, so it also judges
- * a server that ignores them (below 2.11) or a model that gets them wrong.
- * A restart that loses the later tenure's acknowledged put still counts it
- * (the log keeps lost messages): the design's residue for servers that
- * lose acknowledged writes, reported, not hidden.
+ * (the key's tenure entry) and whose expected sequence is E (the epoch). A
+ * message sent in a batch is fenced by every such check its batch carried
+ * (`Stored.batchFences`, recorded as sent: a server below 2.12 stores the
+ * batch's other messages even when the one with the check was refused,
+ * and PF reports them). A later tenure of the key began with a put on T
+ * after the tenure entry at E (any put on T when E names none there, as 0
+ * does). The check reads the headers as sent, whatever the server did
+ * with them, so it also judges a server that ignores them (below 2.11) or
+ * a model that gets them wrong. A restart that loses the later tenure's
+ * acknowledged put still counts it (the log keeps lost messages): the
+ * design's residue for servers that lose acknowledged writes, reported,
+ * not hidden.
  *
  * @param log Every message the server applied, in order.
  * @returns One violation per fenced write stored too late.
@@ -276,35 +278,29 @@ export function checkPF(log: readonly Stored[]): Violation[] {
       e.expect !== undefined
       ? { tenure: e.expectSubject, epoch: e.expect }
       : undefined;
-  // Each batch's fences, and the puts on each tenure subject, in log order.
+  const fencesOf = (e: Stored) =>
+    e.batch !== undefined
+      ? (e.batchFences ?? []).map((f) => ({
+        tenure: f.subject,
+        epoch: f.epoch,
+      }))
+      : [fenceOf(e)].filter((f) => f !== undefined);
+  // The tenure subjects, and the puts on each, in log order.
   const tenures = new Set<string>();
-  const batchFences = new Map<string, { tenure: string; epoch: number }[]>();
   for (const e of log) {
-    const f = fenceOf(e);
-    if (f === undefined) continue;
-    tenures.add(`${e.incarnation}|${f.tenure}`);
-    if (e.batch === undefined) continue;
-    const id = `${e.incarnation}|${e.batch}`;
-    let list = batchFences.get(id);
-    if (!list) batchFences.set(id, list = []);
-    list.push(f);
+    for (const f of fencesOf(e)) tenures.add(`${e.incarnation}|${f.tenure}`);
   }
-  const puts = new Map<string, { e: Stored; at: number }[]>();
-  for (const [at, e] of log.entries()) {
+  const puts = new Map<string, { e: Stored }[]>();
+  for (const e of log) {
     const id = `${e.incarnation}|${e.subject}`;
     if (e.operation !== undefined || e.marker !== undefined) continue;
     if (tenures.has(id)) {
       let list = puts.get(id);
       if (!list) puts.set(id, list = []);
-      list.push({ e, at });
+      list.push({ e });
     }
     const own = fenceOf(e);
-    const fences = e.batch !== undefined
-      ? batchFences.get(`${e.incarnation}|${e.batch}`) ?? []
-      : own !== undefined
-      ? [own]
-      : [];
-    for (const f of fences) {
+    for (const f of fencesOf(e)) {
       const onT = puts.get(`${e.incarnation}|${f.tenure}`) ?? [];
       let from = -1;
       for (const [i, p] of onT.entries()) if (p.e.seq === f.epoch) from = i;

@@ -133,8 +133,30 @@ export interface Stored {
   readonly expect?: number | undefined;
   /** Its `Nats-TTL`, ms, as sent. */
   readonly ttl?: number | undefined;
-  /** The atomic batch it was committed in (2.12+ only). */
+  /**
+   * The batch it was sent in (its `Nats-Batch-Id`): committed as one on
+   * 2.12+, a plain publish on an older server.
+   */
   readonly batch?: string | undefined;
+  /**
+   * The checks on other subjects that the messages of its batch carried
+   * (what the sender meant to fence it by), as sent: the stream itself
+   * does not keep them when the message that carried one was refused and
+   * the others stored (a server below 2.12).
+   */
+  readonly batchFences?: readonly Fence[] | undefined;
+}
+
+/** A check on another subject: stored only while `subject` is at `epoch`. */
+export interface Fence {
+  readonly subject: string;
+  readonly epoch: number;
+}
+
+/** A batch as its messages are stored with it. */
+interface BatchTag {
+  readonly id: string;
+  readonly fences: readonly Fence[];
 }
 
 /** What the leader answered to a write. */
@@ -443,6 +465,15 @@ export class SimKv {
    * @returns The acknowledgement, the conflict, a refusal, or `"gone"`.
    */
   publish(w: KvWrite, writer: string, sendLocal: number): KvPublishResult {
+    return this.#publish(w, writer, sendLocal, undefined);
+  }
+
+  #publish(
+    w: KvWrite,
+    writer: string,
+    sendLocal: number,
+    batch: BatchTag | undefined,
+  ): KvPublishResult {
     if (this.gone) return "gone";
     if (w.msgId !== undefined) {
       const dup = this.#msgIds.get(w.msgId);
@@ -450,7 +481,7 @@ export class SimKv {
     }
     const no = this.#judge(w, undefined);
     if (no !== undefined) return no;
-    return { seq: this.#store(w, writer, sendLocal, undefined).seq };
+    return { seq: this.#store(w, writer, sendLocal, batch).seq };
   }
 
   /**
@@ -476,8 +507,21 @@ export class SimKv {
       );
     }
     if (this.gone) return "gone";
+    // Its id is stored with each message (the `Nats-Batch-Id` header), by
+    // an old server too, where it joins nothing.
+    const tag: BatchTag = {
+      id: `batch${++this.#batches}`,
+      fences: ws.flatMap((w) =>
+        w.expectSubject !== undefined && w.expect !== undefined &&
+          w.expectSubject !== w.subject
+          ? [{ subject: w.expectSubject, epoch: w.expect }]
+          : []
+      ),
+    };
     if (!this.#atLeast(2, 12)) {
-      return { unbatched: ws.map((w) => this.publish(w, writer, sendLocal)) };
+      return {
+        unbatched: ws.map((w) => this.#publish(w, writer, sendLocal, tag)),
+      };
     }
     if (!this.cfg.atomic) {
       return { refused: 10174, description: "atomic publish is disabled" };
@@ -506,10 +550,9 @@ export class SimKv {
     if (failed !== undefined && this.cfg.flaw !== "batch-partial") {
       return failed;
     }
-    const id = `batch${++this.#batches}`;
     let last = 0;
     for (const w of ws.slice(0, upTo)) {
-      last = this.#store(w, writer, sendLocal, id).seq;
+      last = this.#store(w, writer, sendLocal, tag).seq;
     }
     return failed ?? { seq: last, count: ws.length };
   }
@@ -561,7 +604,7 @@ export class SimKv {
     w: KvWrite,
     writer: string,
     sendLocal: number,
-    batch: string | undefined,
+    batch: BatchTag | undefined,
   ): Stored {
     const cur = this.#last.get(w.subject);
     const e = this.#append(w.subject, {
@@ -576,7 +619,9 @@ export class SimKv {
         ? { expectSubject: w.expectSubject }
         : {}),
       ...(w.ttl !== undefined ? { ttl: w.ttl } : {}),
-      ...(batch !== undefined ? { batch } : {}),
+      ...(batch !== undefined
+        ? { batch: batch.id, batchFences: batch.fences }
+        : {}),
     });
     if (w.msgId !== undefined) this.#msgIds.set(w.msgId, e.seq);
     this.onWrite?.(e, cur);
@@ -705,6 +750,7 @@ export class SimKv {
       | "expectSubject"
       | "ttl"
       | "batch"
+      | "batchFences"
     >,
   ): Stored {
     const e: Stored = {
