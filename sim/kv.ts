@@ -50,8 +50,9 @@
  *
  * **The server's fencing features** (nats-kv-facts.md section 12; the
  * fenced layout of `design/fenced.md`), held to real servers by
- * `sim_conformance_test.ts` (2.15.2 and 2.10.22), where each rule below
- * was measured:
+ * `sim_conformance_test.ts` (2.15.2 and 2.10.22); the rules it does not
+ * replay (10166, 10174, the order of the TTL refusals, the same batches
+ * on 2.9.10) were measured by hand on the same servers, December 2026:
  * - **A check on another subject** ({@linkcode KvWrite.expectSubject}, the
  *   `Nats-Expected-Last-Subject-Sequence-Subject` header): the write is
  *   stored only while that subject's last sequence is `expect` (0: it has
@@ -63,8 +64,9 @@
  *   `MaxAge` marker when markers are on, else just goes. A max age of 0
  *   means no age limit: data without a TTL stays. A TTL below 1 s is
  *   refused (10165), and so is any TTL on a stream without
- *   `allow_msg_ttl` (10166); the server checks the expected sequence
- *   between those two (measured order, kept).
+ *   `allow_msg_ttl` (10166). The order, as measured: without
+ *   `allow_msg_ttl`, 10165 or 10166 before the expected sequence is
+ *   checked; with it, a conflict before 10165.
  * - **Atomic batches** ({@linkcode SimKv.batch}, 2.12+, `allow_atomic`):
  *   all or nothing. Each message is judged against the stream as it was
  *   before the batch, in order, and the first failure refuses the whole
@@ -294,7 +296,7 @@ export class SimKv {
   /** The server was rolled back to a release without markers. */
   rolledBack = false;
   #seq = 0;
-  /** Atomic batches committed (their ids). */
+  /** Batches sent so far (their ids). */
   #batches = 0;
   /** Operations applied by the leader (the replicas' log position). */
   #ops = 0;
