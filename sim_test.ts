@@ -10,11 +10,12 @@ import process from "node:process";
 import {
   allowance,
   check,
+  checkPF,
   type History,
   leafBound,
   renewalSlack,
 } from "./sim/check.ts";
-import { SimKv } from "./sim/kv.ts";
+import { type KvFlaw, SimKv } from "./sim/kv.ts";
 import { loadLease } from "./sim/load.ts";
 import { findMutant, MUTANTS, mutate, readSources } from "./sim/mutants.ts";
 import { type Network, SimNode } from "./sim/node.ts";
@@ -169,6 +170,138 @@ describe("SimKv", () => {
     kv.createBucket();
     assert.deepEqual(kv.write(put(s, 0), "a", 0), { seq: 1 });
     assert.equal(kv.incarnation, 2);
+  });
+});
+
+describe("SimKv's fencing features and property PF", () => {
+  // The fenced layout of design/fenced.md: data lasts (max age 0), the
+  // key's tenure entry is `_lease.k.<key>`. sim_conformance_test.ts holds
+  // these rules to real servers; here are the ones it does not reach.
+  const fencedKv = (
+    cfg: { flaw?: KvFlaw; version?: string; atomic?: boolean } = {},
+  ) => {
+    const sched = new Scheduler();
+    const kv = new SimKv(sched, new Trace(false), "b", {
+      maxAge: 0,
+      markers: true,
+      markerTTL: 1000,
+      late: () => 0,
+      lags: [0],
+      msgTTL: true,
+      atomic: true,
+      ...cfg,
+    });
+    const tenure = kv.subject("_lease.k.k");
+    const take = (expect: number) => ({
+      subject: tenure,
+      op: "PUT" as const,
+      value: "holder",
+      expect,
+    });
+    const fenced = (key: string, epoch: number) => ({
+      subject: kv.subject(key),
+      op: "PUT" as const,
+      value: "data",
+      expect: epoch,
+      expectSubject: tenure,
+    });
+    const plain = (key: string) => ({
+      subject: kv.subject(key),
+      op: "PUT" as const,
+      value: "data",
+    });
+    return { sched, kv, tenure, take, fenced, plain };
+  };
+
+  test("SimKv.publish() expires a per-message TTL in whole seconds into a marker, while data on a bucket without a max age stays", async () => {
+    const { sched, kv, take, plain } = fencedKv();
+    assert.deepEqual(kv.publish({ ...take(0), ttl: 1500 }, "a", 0), {
+      seq: 1,
+    });
+    assert.deepEqual(kv.publish(plain("data.k"), "a", 0), { seq: 2 });
+    await sched.run(999.999);
+    assert.equal(kv.read(kv.subject("_lease.k.k"), undefined, 0), kv.log[0]);
+    await sched.run(1000); // 1.5 s counts as 1 s
+    assert.equal(kv.last(kv.subject("_lease.k.k"))?.marker, "MaxAge");
+    await sched.run(600_000);
+    assert.equal(kv.last(kv.subject("_lease.k.k")), undefined);
+    assert.equal(kv.last(kv.subject("data.k"))?.seq, 2);
+  });
+
+  test("SimKv.batch() is refused whole without allow_atomic (10174), and below 2.12 stores each message on its own, which PF reports", () => {
+    const off = fencedKv({ atomic: false });
+    assert.deepEqual(off.kv.batch([off.plain("x"), off.plain("y")], "a", 0), {
+      refused: 10174,
+      description: "atomic publish is disabled",
+    });
+    assert.equal(off.kv.log.length, 0);
+    // 2.10.22 and 2.9.10: the displaced holder's fenced first message is
+    // refused, the two after it stored, after the takeover: PF says so.
+    const old = fencedKv({ version: "2.10.22", atomic: false });
+    old.kv.publish(old.take(0), "A", 0);
+    old.kv.publish(old.take(1), "B", 0);
+    assert.deepEqual(
+      old.kv.batch(
+        [old.fenced("data.a", 1), old.plain("data.b"), old.plain("data.c")],
+        "A",
+        0,
+      ),
+      { unbatched: [{ conflict: 0 }, { seq: 3 }, { seq: 4 }] },
+    );
+    assert.deepEqual(
+      checkPF(old.kv.log).map((v) => v.message.match(/@\d+/)![0]),
+      ["@3", "@4"],
+    );
+  });
+
+  test("checkPF() reports a fenced write stored after a later tenure began (a model that skips the subject check); the unmutated model refuses it and PF passes", () => {
+    for (const flaw of [undefined, "subject-check-skipped"] as const) {
+      const { kv, take, fenced } = fencedKv(flaw ? { flaw } : {});
+      assert.deepEqual(kv.publish(take(0), "A", 0), { seq: 1 });
+      assert.deepEqual(kv.publish(fenced("data.k", 1), "A", 0), { seq: 2 });
+      assert.deepEqual(kv.publish(take(1), "B", 0), { seq: 3 }); // takeover
+      const late = kv.publish(fenced("data.k", 1), "A", 0);
+      const pf = checkPF(kv.log);
+      if (flaw === undefined) {
+        assert.deepEqual(late, { conflict: 3 });
+        // A's first write was fenced too, and stored in its tenure.
+        assert.equal(kv.log.filter((e) => e.expectSubject).length, 1);
+        assert.deepEqual(pf, []);
+      } else {
+        assert.deepEqual(late, { seq: 4 });
+        assert.deepEqual(pf.map((v) => [v.property, v.key]), [
+          ["PF", "_lease.k.k"],
+        ]);
+        assert.match(pf[0]!.message, /write @4 .* after @3 by B/);
+      }
+    }
+  });
+
+  test("checkPF() judges every message of an atomic batch by the batch's fence", () => {
+    for (const flaw of [undefined, "subject-check-skipped"] as const) {
+      const { kv, take, fenced, plain } = fencedKv(flaw ? { flaw } : {});
+      const batch = (epoch: number) => [
+        fenced("data.a", epoch),
+        plain("data.b"),
+        plain("data.c"),
+      ];
+      kv.publish(take(0), "A", 0);
+      assert.deepEqual(kv.batch(batch(1), "A", 0), { seq: 4, count: 3 });
+      kv.publish(take(1), "B", 0);
+      const late = kv.batch(batch(1), "A", 0);
+      const pf = checkPF(kv.log);
+      if (flaw === undefined) {
+        assert.deepEqual(late, { conflict: 5 });
+        assert.deepEqual(pf, []);
+      } else {
+        assert.deepEqual(late, { seq: 8, count: 3 });
+        assert.deepEqual(pf.map((v) => v.message.match(/@\d+/)![0]), [
+          "@6",
+          "@7",
+          "@8",
+        ]);
+      }
+    }
   });
 });
 

@@ -18,7 +18,7 @@
  * @module
  */
 
-import type { Stored } from "./kv.ts";
+import { keyOf, type Stored } from "./kv.ts";
 import type { SimNode } from "./node.ts";
 import {
   type GuardCall,
@@ -249,8 +249,86 @@ export interface CheckResult {
 }
 
 /**
- * Checks P1, P2, P3 (the deadline part), P5, P6, P7 and P8 on a finished
- * history (P7 also checks, as close() resolves, that no timer is armed).
+ * Property PF (`design/fenced.md`, F1), over what the server applied: no
+ * data write fenced on tenure E of a key is stored after the write that
+ * began a later tenure of that key.
+ *
+ * The log says which is which. A fenced write is a message whose
+ * `Nats-Expected-Last-Subject-Sequence-Subject` names another subject T
+ * (the key's tenure entry) and whose expected sequence is E (the epoch). A
+ * message sent in a batch is fenced by every such check its batch carried
+ * (`Stored.batchFences`, recorded as sent: a server below 2.12 stores the
+ * batch's other messages even when the one with the check was refused,
+ * and PF reports them). A later tenure of the key began with a put on T
+ * after the tenure entry at E (any put on T when E names none there, as 0
+ * does). The check reads the headers as sent, whatever the server did
+ * with them, so it also judges a server that ignores them (below 2.11) or
+ * a model that gets them wrong. A restart that loses the later tenure's
+ * acknowledged put still counts it (the log keeps lost messages): the
+ * design's residue for servers that lose acknowledged writes, reported,
+ * not hidden.
+ *
+ * @param log Every message the server applied, in order.
+ * @returns One violation per fenced write stored too late.
+ */
+export function checkPF(log: readonly Stored[]): Violation[] {
+  const out: Violation[] = [];
+  const fenceOf = (e: Stored) =>
+    e.expectSubject !== undefined && e.expectSubject !== e.subject &&
+      e.expect !== undefined
+      ? { tenure: e.expectSubject, epoch: e.expect }
+      : undefined;
+  const fencesOf = (e: Stored) =>
+    e.batch !== undefined
+      ? (e.batchFences ?? []).map((f) => ({
+        tenure: f.subject,
+        epoch: f.epoch,
+      }))
+      : [fenceOf(e)].filter((f) => f !== undefined);
+  // The tenure subjects, and the puts on each, in log order.
+  const tenures = new Set<string>();
+  for (const e of log) {
+    for (const f of fencesOf(e)) tenures.add(`${e.incarnation}|${f.tenure}`);
+  }
+  const puts = new Map<string, { e: Stored }[]>();
+  for (const e of log) {
+    const id = `${e.incarnation}|${e.subject}`;
+    if (e.operation !== undefined || e.marker !== undefined) continue;
+    if (tenures.has(id)) {
+      let list = puts.get(id);
+      if (!list) puts.set(id, list = []);
+      list.push({ e });
+    }
+    const own = fenceOf(e);
+    for (const f of fencesOf(e)) {
+      const onT = puts.get(`${e.incarnation}|${f.tenure}`) ?? [];
+      let from = -1;
+      for (const [i, p] of onT.entries()) if (p.e.seq === f.epoch) from = i;
+      const later = onT.slice(from + 1).find((p) => p.e.seq !== f.epoch);
+      if (later === undefined) continue;
+      out.push({
+        property: "PF",
+        t: e.stamp,
+        key: keyOf(f.tenure),
+        message: `${e.writer}'s write @${e.seq} to ${
+          keyOf(e.subject)
+        }, fenced on tenure ${f.epoch} of ${f.tenure}${
+          own === undefined ? ` (by its batch ${e.batch})` : ""
+        }, was stored at ${
+          e.stamp.toFixed(3)
+        }, after @${later.e.seq} by ${later.e.writer} began a later tenure at ${
+          later.e.stamp.toFixed(3)
+        }`,
+      });
+    }
+  }
+  return out;
+}
+
+/**
+ * Checks P1, P2, P3 (the deadline part), P5, P6, P7, P8 and PF
+ * ({@linkcode checkPF}) on a finished history (P7 also checks, as close()
+ * resolves, that no timer is armed).
  *
  * @param h The history.
  * @returns The violations found, and how many overlaps only the epoch fences.
@@ -909,6 +987,7 @@ export function check(h: History): CheckResult {
       break;
     }
   }
+  out.push(...checkPF(h.log));
   return {
     violations: out,
     fencedOverlaps,

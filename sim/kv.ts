@@ -48,6 +48,57 @@
  *   measured in nats-kv-facts.md section 11). The lost messages stay in
  *   `log` (they were applied and acknowledged) and are listed in `lost`.
  *
+ * **The server's fencing features** (nats-kv-facts.md section 12; the
+ * fenced layout of `design/fenced.md`), held to real servers by
+ * `sim_conformance_test.ts` (2.15.2 and 2.10.22); the rules it does not
+ * replay (10166, 10174, the order of the TTL refusals, the same batches
+ * on 2.9.10) were measured by hand on the same servers, December 2026:
+ * - **A check on another subject** ({@linkcode KvWrite.expectSubject}, the
+ *   `Nats-Expected-Last-Subject-Sequence-Subject` header): the write is
+ *   stored only while that subject's last sequence is `expect` (0: it has
+ *   no message); a conflict names that subject's last sequence. The header
+ *   without a sequence is refused (10193).
+ * - **Per-message TTL** ({@linkcode KvWrite.ttl}, `Nats-TTL`, on a stream
+ *   with `allow_msg_ttl`): the message expires at its own stamp + TTL (in
+ *   whole seconds, capped by a max age) + late, never early, into a
+ *   `MaxAge` marker when markers are on, else just goes. A max age of 0
+ *   means no age limit: data without a TTL stays. A TTL below 1 s is
+ *   refused (10165), and so is any TTL on a stream without
+ *   `allow_msg_ttl` (10166). The order, as measured: without
+ *   `allow_msg_ttl`, 10165 or 10166 before the expected sequence is
+ *   checked; with it, a conflict before 10165.
+ * - **Atomic batches** ({@linkcode SimKv.batch}, 2.12+, `allow_atomic`):
+ *   all or nothing. Each message is judged against the stream as it was
+ *   before the batch, in order, and the first failure refuses the whole
+ *   batch: its own conflict (10071 naming the checked subject's last
+ *   sequence), a check against a subject written earlier in the same
+ *   batch (10164, "wrong last sequence" with no number), a
+ *   `Nats-Msg-Id` seen before or twice in the batch (10201), the TTL
+ *   refusals above; a stream without `allow_atomic` refuses it (10174).
+ *   The ack names the last sequence and the count. A stream-wide
+ *   `Nats-Expected-Last-Sequence` is not modelled.
+ * - **The server's version** ({@linkcode KvConfig.version}): below 2.11
+ *   the `-Subject` header and `Nats-TTL` are ignored (the write is checked
+ *   against its own subject, so a fenced write with an epoch above 0 is
+ *   refused; its TTL never expires it), and below 2.12 the batch headers
+ *   are ignored: **each message of a "batch" is stored on its own as a
+ *   plain publish**, nothing all or nothing about it (measured on 2.10.22
+ *   and 2.9.10: a batch whose fenced first message was refused still
+ *   stored the two after it). 2.11.x was not measured: it is modelled as
+ *   2.12 without batches.
+ * - **Where the model cannot match a real server**: the moment of an expiry
+ *   (real ones are 0-250 ms late; `late` draws it, the conformance test
+ *   compares what is stored, not when); a TTL given in other units than
+ *   whole seconds (`"1500ms"` was accepted, its rounding not measured);
+ *   the 10 s idle abandonment of a batch, the 50 batches in flight and the
+ *   1,000-message limit (a batch here arrives whole); a flow of replies
+ *   for the messages inside a batch (the client asks only for the first
+ *   and the commit); how a rollback ({@linkcode SimKv.editMarkers}) treats
+ *   standing per-message TTLs (not measured: the version does not change).
+ * - **Model mutants** ({@linkcode KvConfig.flaw}): one deliberate bug each,
+ *   for showing that the conformance test and property PF catch a model
+ *   that gets a rule wrong.
+ *
  * The server's clock is true time. Every applied message is logged for the
  * property checks (`log`), with who sent it and when by their own clock.
  *
@@ -75,6 +126,39 @@ export interface Stored {
   readonly writer: string;
   /** The sender's clock when it sent it (for a process's write). */
   readonly sendLocal: number | undefined;
+  /**
+   * The subject its `Nats-Expected-Last-Subject-Sequence-Subject` header
+   * named (stored with the message whether or not the server honoured it).
+   */
+  readonly expectSubject?: string | undefined;
+  /** The sequence it expected, if it carried the header. */
+  readonly expect?: number | undefined;
+  /** Its `Nats-TTL`, ms, as sent. */
+  readonly ttl?: number | undefined;
+  /**
+   * The batch it was sent in (its `Nats-Batch-Id`): committed as one on
+   * 2.12+, a plain publish on an older server.
+   */
+  readonly batch?: string | undefined;
+  /**
+   * The checks on other subjects that the messages of its batch carried
+   * (what the sender meant to fence it by), as sent: the stream itself
+   * does not keep them when the message that carried one was refused and
+   * the others stored (a server below 2.12).
+   */
+  readonly batchFences?: readonly Fence[] | undefined;
+}
+
+/** A check on another subject: stored only while `subject` is at `epoch`. */
+export interface Fence {
+  readonly subject: string;
+  readonly epoch: number;
+}
+
+/** A batch as its messages are stored with it. */
+interface BatchTag {
+  readonly id: string;
+  readonly fences: readonly Fence[];
 }
 
 /** What the leader answered to a write. */
@@ -82,18 +166,73 @@ export type KvWriteResult = { seq: number; duplicate?: boolean } | {
   conflict: number;
 } | "gone";
 
-/** A compare-and-set publish as the server receives it. */
+/** A refusal other than a conflict: the server's error code and text. */
+export interface KvRefusal {
+  readonly refused: number;
+  readonly description: string;
+}
+
+/** What the leader answered to a publish, refusals included. */
+export type KvPublishResult = KvWriteResult | KvRefusal;
+
+/**
+ * What the server answered to an atomic batch: committed whole (the last
+ * sequence and the count), a conflict or a refusal of the whole, or, from a
+ * server below 2.12, each message's own answer (`unbatched`: the batch
+ * headers were ignored and every message stored or refused on its own).
+ */
+export type KvBatchResult =
+  | { seq: number; count: number }
+  | { conflict: number }
+  | KvRefusal
+  | { unbatched: KvPublishResult[] }
+  | "gone";
+
+/** A publish as the server receives it. */
 export interface KvWrite {
   readonly subject: string;
   readonly op: "PUT" | "DEL";
   readonly value: string;
-  readonly expect: number;
-  readonly msgId: string;
+  /**
+   * `Nats-Expected-Last-Subject-Sequence` (0: no message); `undefined`
+   * for a write without a check (inside a batch).
+   */
+  readonly expect?: number | undefined;
+  /**
+   * `Nats-Expected-Last-Subject-Sequence-Subject` (2.11+): check `expect`
+   * against this subject's last sequence instead of the write's own.
+   */
+  readonly expectSubject?: string | undefined;
+  /** `Nats-TTL` in ms (2.11+, the stream's `allow_msg_ttl`). */
+  readonly ttl?: number | undefined;
+  /** `Nats-Msg-Id`, for de-duplication. */
+  readonly msgId?: string | undefined;
 }
+
+/**
+ * A deliberate bug of the model (a model mutant): `subject-check-ignored`
+ * checks a write naming another subject against its own (what servers
+ * below 2.11 do); `subject-check-skipped` stores it without any check;
+ * `batch-partial` stores a batch's messages up to the first that fails;
+ * `ttl-ignored` never expires a message by its own TTL.
+ */
+export type KvFlaw =
+  | "subject-check-ignored"
+  | "subject-check-skipped"
+  | "batch-partial"
+  | "ttl-ignored";
+
+/** Every {@linkcode KvFlaw}. */
+export const KV_FLAWS: readonly KvFlaw[] = [
+  "subject-check-ignored",
+  "subject-check-skipped",
+  "batch-partial",
+  "ttl-ignored",
+];
 
 /** The bucket's settings for one history. */
 export interface KvConfig {
-  /** The bucket's max age: the lease TTL, ms. */
+  /** The bucket's max age: the lease TTL, ms (0: no limit). */
   readonly maxAge: number;
   /** Subject delete markers (nats-server 2.11+ with `markerTTL`) at the start. */
   readonly markers: boolean;
@@ -103,6 +242,27 @@ export interface KvConfig {
   readonly late: () => number;
   /** Operations each replica is behind the leader; index 0 is the leader (0). */
   readonly lags: readonly number[];
+  /**
+   * The server's version, e.g. `"2.10.22"`: which fencing features it
+   * honours.
+   *
+   * @default {a current release: all of them}
+   */
+  readonly version?: string;
+  /**
+   * The stream's `allow_msg_ttl`.
+   *
+   * @default {false}
+   */
+  readonly msgTTL?: boolean;
+  /**
+   * The stream's `allow_atomic` (2.12+).
+   *
+   * @default {false}
+   */
+  readonly atomic?: boolean;
+  /** A model mutant: one rule deliberately wrong. */
+  readonly flaw?: KvFlaw;
 }
 
 interface Change {
@@ -136,6 +296,8 @@ export class SimKv {
   /** The server was rolled back to a release without markers. */
   rolledBack = false;
   #seq = 0;
+  /** Batches sent so far (their ids). */
+  #batches = 0;
   /** Operations applied by the leader (the replicas' log position). */
   #ops = 0;
   readonly #last = new Map<string, Stored>();
@@ -193,10 +355,32 @@ export class SimKv {
 
   /** The effective life of a marker now: min(marker TTL in whole seconds, max age). */
   get markerLife(): number {
-    return Math.min(
-      Math.floor(this.markerTTL / 1000) * 1000,
-      this.cfg.maxAge,
-    );
+    return Math.min(Math.floor(this.markerTTL / 1000) * 1000, this.#maxAge);
+  }
+
+  /** The max age as a life: 0 in the configuration means none. */
+  get #maxAge(): number {
+    return this.cfg.maxAge > 0 ? this.cfg.maxAge : Infinity;
+  }
+
+  /** Whether the server's version is at least `major.minor`. */
+  #atLeast(major: number, minor: number): boolean {
+    if (this.cfg.version === undefined) return true;
+    const [a = 0, b = 0] = this.cfg.version.split(".").map(Number);
+    return a > major || (a === major && b >= minor);
+  }
+
+  /** How long `e` lives from its stamp (`Infinity`: until replaced). */
+  #lifeOf(e: Stored): number {
+    if (e.marker !== undefined) return this.markerLife;
+    if (
+      e.ttl !== undefined && this.#atLeast(2, 11) &&
+      this.cfg.flaw !== "ttl-ignored"
+    ) {
+      // Rounded down to whole seconds, and capped by the max age.
+      return Math.min(Math.floor(e.ttl / 1000) * 1000, this.#maxAge);
+    }
+    return this.#maxAge;
   }
 
   /**
@@ -254,20 +438,177 @@ export class SimKv {
   }
 
   /**
-   * Applies a compare-and-set publish at the leader.
+   * Applies a compare-and-set publish at the leader (one that the server
+   * refuses only by a conflict: {@linkcode SimKv.publish} for the rest).
    *
    * @param w The publish.
    * @param writer Who sent it.
    * @param sendLocal Their clock when they sent it.
    * @returns The acknowledgement, the conflict, or `"gone"`.
+   * @throws {TypeError} When the server would refuse it otherwise (a TTL).
    */
   write(w: KvWrite, writer: string, sendLocal: number): KvWriteResult {
+    const r = this.publish(w, writer, sendLocal);
+    if (r !== "gone" && "refused" in r) {
+      throw new TypeError(
+        `Cannot apply a write that the server refuses (${r.refused} ${r.description}): use SimKv.publish()`,
+      );
+    }
+    return r;
+  }
+
+  /**
+   * Applies a publish at the leader, with the fencing headers as the
+   * configured server version honours them.
+   *
+   * @param w The publish.
+   * @param writer Who sent it.
+   * @param sendLocal Their clock when they sent it.
+   * @returns The acknowledgement, the conflict, a refusal, or `"gone"`.
+   */
+  publish(w: KvWrite, writer: string, sendLocal: number): KvPublishResult {
+    return this.#publish(w, writer, sendLocal, undefined);
+  }
+
+  #publish(
+    w: KvWrite,
+    writer: string,
+    sendLocal: number,
+    batch: BatchTag | undefined,
+  ): KvPublishResult {
     if (this.gone) return "gone";
-    const dup = this.#msgIds.get(w.msgId);
-    if (dup !== undefined) return { seq: dup, duplicate: true };
+    if (w.msgId !== undefined) {
+      const dup = this.#msgIds.get(w.msgId);
+      if (dup !== undefined) return { seq: dup, duplicate: true };
+    }
+    const no = this.#judge(w, undefined);
+    if (no !== undefined) return no;
+    return { seq: this.#store(w, writer, sendLocal, batch).seq };
+  }
+
+  /**
+   * Applies an atomic batch at the leader (2.12+): every message or none.
+   * Below 2.12 the batch headers mean nothing to the server, and each
+   * message is a plain publish of its own.
+   *
+   * @param ws The messages, in order (the last one carries the commit).
+   * @param writer Who sent them.
+   * @param sendLocal Their clock when they sent them.
+   * @returns The commit's acknowledgement or the whole batch's refusal.
+   * @throws {RangeError} For an empty batch, or one above the server's
+   * 1,000 messages (not modelled).
+   */
+  batch(
+    ws: readonly KvWrite[],
+    writer: string,
+    sendLocal: number,
+  ): KvBatchResult {
+    if (ws.length < 1 || ws.length > 1000) {
+      throw new RangeError(
+        `Cannot model an atomic batch of ${ws.length} messages: expected 1 to 1,000`,
+      );
+    }
+    if (this.gone) return "gone";
+    // Its id is stored with each message (the `Nats-Batch-Id` header), by
+    // an old server too, where it joins nothing.
+    const tag: BatchTag = {
+      id: `batch${++this.#batches}`,
+      fences: ws.flatMap((w) =>
+        w.expectSubject !== undefined && w.expect !== undefined &&
+          w.expectSubject !== w.subject
+          ? [{ subject: w.expectSubject, epoch: w.expect }]
+          : []
+      ),
+    };
+    if (!this.#atLeast(2, 12)) {
+      return {
+        unbatched: ws.map((w) => this.#publish(w, writer, sendLocal, tag)),
+      };
+    }
+    if (!this.cfg.atomic) {
+      return { refused: 10174, description: "atomic publish is disabled" };
+    }
+    const written = new Set<string>();
+    const ids = new Set<string>();
+    let failed: KvRefusal | { conflict: number } | undefined;
+    let upTo = ws.length;
+    for (const [i, w] of ws.entries()) {
+      if (
+        w.msgId !== undefined &&
+        (this.#msgIds.has(w.msgId) || ids.has(w.msgId))
+      ) {
+        failed = {
+          refused: 10201,
+          description: "atomic publish batch contains duplicate message id",
+        };
+      } else failed = this.#judge(w, written);
+      if (failed !== undefined) {
+        upTo = i;
+        break;
+      }
+      written.add(w.subject);
+      if (w.msgId !== undefined) ids.add(w.msgId);
+    }
+    if (failed !== undefined && this.cfg.flaw !== "batch-partial") {
+      return failed;
+    }
+    let last = 0;
+    for (const w of ws.slice(0, upTo)) {
+      last = this.#store(w, writer, sendLocal, tag).seq;
+    }
+    return failed ?? { seq: last, count: ws.length };
+  }
+
+  /**
+   * Why the server refuses `w` now, if it does, against the stream as it
+   * is (a batch's messages: as it was before the batch, `written` holding
+   * the subjects the batch wrote before `w`).
+   */
+  #judge(
+    w: KvWrite,
+    written: ReadonlySet<string> | undefined,
+  ): KvRefusal | { conflict: number } | undefined {
+    const modern = this.#atLeast(2, 11);
+    if (modern && w.expectSubject !== undefined && w.expect === undefined) {
+      return {
+        refused: 10193,
+        description: "missing sequence for expected last sequence per subject",
+      };
+    }
+    const badTTL = w.ttl !== undefined && !(w.ttl >= 1000);
+    const invalidTTL = {
+      refused: 10165,
+      description: "invalid per-message TTL",
+    };
+    if (modern && w.ttl !== undefined && !this.cfg.msgTTL) {
+      return badTTL ? invalidTTL : {
+        refused: 10166,
+        description: "per-message TTL is disabled",
+      };
+    }
+    if (w.expect !== undefined) {
+      const other = modern && w.expectSubject !== undefined;
+      const skip = other && this.cfg.flaw === "subject-check-skipped";
+      const checked = other && this.cfg.flaw !== "subject-check-ignored"
+        ? w.expectSubject!
+        : w.subject;
+      if (!skip && written?.has(checked)) {
+        return { refused: 10164, description: "wrong last sequence" };
+      }
+      const cur = this.#last.get(checked)?.seq ?? 0;
+      if (!skip && cur !== w.expect) return { conflict: cur };
+    }
+    if (modern && badTTL) return invalidTTL;
+    return undefined;
+  }
+
+  #store(
+    w: KvWrite,
+    writer: string,
+    sendLocal: number,
+    batch: BatchTag | undefined,
+  ): Stored {
     const cur = this.#last.get(w.subject);
-    const curSeq = cur?.seq ?? 0;
-    if (curSeq !== w.expect) return { conflict: curSeq };
     const e = this.#append(w.subject, {
       operation: w.op === "DEL" ? "DEL" : undefined,
       marker: undefined,
@@ -275,10 +616,18 @@ export class SimKv {
       value: w.op === "DEL" ? "" : w.value,
       writer,
       sendLocal,
+      ...(w.expect !== undefined ? { expect: w.expect } : {}),
+      ...(w.expectSubject !== undefined
+        ? { expectSubject: w.expectSubject }
+        : {}),
+      ...(w.ttl !== undefined ? { ttl: w.ttl } : {}),
+      ...(batch !== undefined
+        ? { batch: batch.id, batchFences: batch.fences }
+        : {}),
     });
-    this.#msgIds.set(w.msgId, e.seq);
+    if (w.msgId !== undefined) this.#msgIds.set(w.msgId, e.seq);
     this.onWrite?.(e, cur);
-    return { seq: e.seq };
+    return e;
   }
 
   /**
@@ -393,7 +742,17 @@ export class SimKv {
     subject: string,
     m: Pick<
       Stored,
-      "operation" | "marker" | "msgId" | "value" | "writer" | "sendLocal"
+      | "operation"
+      | "marker"
+      | "msgId"
+      | "value"
+      | "writer"
+      | "sendLocal"
+      | "expect"
+      | "expectSubject"
+      | "ttl"
+      | "batch"
+      | "batchFences"
     >,
   ): Stored {
     const e: Stored = {
@@ -411,13 +770,15 @@ export class SimKv {
     if (this.#recent.length > 2 * MAX_LOST) this.#recent.shift();
     this.#link(subject, e);
     for (const fn of this.appended) fn(e);
-    const life = e.marker !== undefined ? this.markerLife : this.cfg.maxAge;
+    const life = this.#lifeOf(e);
     const inc = this.incarnation;
-    this.#sched.at(
-      e.stamp + life + this.cfg.late(),
-      () => this.#expire(e, inc),
-      { pure: true },
-    );
+    if (life !== Infinity) {
+      this.#sched.at(
+        e.stamp + life + this.cfg.late(),
+        () => this.#expire(e, inc),
+        { pure: true },
+      );
+    }
     return e;
   }
 
@@ -531,14 +892,14 @@ export class SimKv {
       if (back === null) this.#last.delete(subject);
       else {
         this.#last.set(subject, back);
-        const life = back.marker !== undefined
-          ? this.markerLife
-          : this.cfg.maxAge;
-        this.#sched.at(
-          Math.max(now, back.stamp + life + this.cfg.late()),
-          () => this.#expire(back, inc),
-          { pure: true },
-        );
+        const life = this.#lifeOf(back);
+        if (life !== Infinity) {
+          this.#sched.at(
+            Math.max(now, back.stamp + life + this.cfg.late()),
+            () => this.#expire(back, inc),
+            { pure: true },
+          );
+        }
       }
       // Every copy restarts from the same store: no replica keeps what the
       // leader lost.
