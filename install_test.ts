@@ -10,23 +10,17 @@
 // Node 20, the compiled binary); about 20 s, most of it the two builds.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { type ChildProcess, execFile, spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { NatsServer } from "./test_util/nats_server.ts";
+import { type Done, runToEnd, show } from "./test_util/run_to_end.ts";
 
 const root = fileURLToPath(new URL(".", import.meta.url));
 const TEST_TIMEOUT = 120_000;
-
-interface Done {
-  code: number;
-  stdout: string;
-  stderr: string;
-  ms: number;
-}
 
 /**
  * Runs a program to its end with exactly `env` (nothing inherited), killed
@@ -39,34 +33,7 @@ function run(
   env: Record<string, string>,
   timeout = 60_000,
 ): Promise<Done> {
-  const t0 = performance.now();
-  return new Promise((resolve) => {
-    execFile(file, args, {
-      cwd,
-      env,
-      timeout,
-      killSignal: "SIGKILL",
-      encoding: "utf8",
-    }, (error, stdout, stderr) => {
-      const code = error === null
-        ? 0
-        : typeof error.code === "number"
-        ? error.code
-        : -1;
-      resolve({
-        code,
-        stdout,
-        stderr: error !== null && code === -1
-          ? `${stderr}\n(${error.message})`
-          : stderr,
-        ms: performance.now() - t0,
-      });
-    });
-  });
-}
-
-function show(what: string, done: Done): string {
-  return `${what} exited with ${done.code}\n--- stdout ---\n${done.stdout}\n--- stderr ---\n${done.stderr}`;
+  return runToEnd(file, args, { cwd, env, timeout });
 }
 
 /** The environment a shell on a bare machine gives: a PATH and a HOME. */

@@ -10,23 +10,17 @@
 // servers is covered by the lease tests.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { NatsServer } from "./test_util/nats_server.ts";
+import { type Done, runToEnd, show } from "./test_util/run_to_end.ts";
 
 const root = fileURLToPath(new URL(".", import.meta.url));
 const bin = (name: string) => path.join(root, "node_modules", ".bin", name);
 const TEST_TIMEOUT = 120_000;
-
-interface Done {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
 
 /** Runs a command to completion (killed after `timeout` ms); never rejects. */
 function run(
@@ -42,32 +36,11 @@ function run(
   // Set by `node --test`; a child node process that sees it reports as a
   // test file.
   delete env.NODE_TEST_CONTEXT;
-  return new Promise((resolve) => {
-    execFile(file, args, {
-      cwd: options.cwd,
-      env,
-      timeout: options.timeout ?? 30_000,
-      killSignal: "SIGKILL",
-      encoding: "utf8",
-    }, (error, stdout, stderr) => {
-      const code = error === null
-        ? 0
-        : typeof error.code === "number"
-        ? error.code
-        : -1;
-      resolve({
-        code,
-        stdout,
-        stderr: error !== null && code === -1
-          ? `${stderr}\n(${error.message})`
-          : stderr,
-      });
-    });
+  return runToEnd(file, args, {
+    cwd: options.cwd,
+    env,
+    timeout: options.timeout ?? 30_000,
   });
-}
-
-function show(what: string, done: Done): string {
-  return `${what} exited with ${done.code}\n--- stdout ---\n${done.stdout}\n--- stderr ---\n${done.stderr}`;
 }
 
 /** The npm dependencies deno.json maps (`npm:@nats-io/kv@^3.4.0` → `^3.4.0`). */

@@ -24,13 +24,14 @@
 // test.sh: first server only: the README's commands start their own server.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { type ChildProcess, execFile, spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import * as fs from "node:fs";
 import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
+import { type Done, runToEnd } from "./test_util/run_to_end.ts";
 
 const root = fileURLToPath(new URL(".", import.meta.url));
 const runtime = "Deno" in globalThis
@@ -114,13 +115,6 @@ function substitute(code: string, values: Record<string, string>): string {
   );
 }
 
-interface Done {
-  code: number;
-  stdout: string;
-  stderr: string;
-  ms: number;
-}
-
 /** Runs a program to its end, killing it after `timeout` ms. */
 function run(
   file: string,
@@ -144,27 +138,7 @@ function run(
   // once failed on "PS1: unbound variable"). A pasted block runs in the
   // user's own shell, so a startup file has no part in what is tested.
   const argv = file === "bash" ? ["--norc", ...args] : args;
-  const t0 = performance.now();
-  return new Promise((resolve) => {
-    execFile(file, argv, {
-      cwd,
-      env: all,
-      timeout,
-      killSignal: "SIGKILL",
-      encoding: "utf8",
-    }, (error, stdout, stderr) => {
-      resolve({
-        code: error === null
-          ? 0
-          : typeof error.code === "number"
-          ? error.code
-          : -1,
-        stdout,
-        stderr,
-        ms: performance.now() - t0,
-      });
-    });
-  });
+  return runToEnd(file, argv, { cwd, env: all, timeout });
 }
 
 function freePort(): Promise<number> {

@@ -15,12 +15,12 @@
 // apt-install something shows.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
+import { type Done, runToEnd } from "./test_util/run_to_end.ts";
 
 const root = fileURLToPath(new URL(".", import.meta.url));
 
@@ -52,12 +52,6 @@ const TESTS_ONLY = [
   "redlock",
 ];
 
-interface Done {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
 let tmp = "";
 let clone = "";
 let calls = "";
@@ -65,25 +59,7 @@ let env: Record<string, string | undefined> = {};
 
 /** Runs a program in the clone to its end; never rejects. */
 function run(file: string, args: string[], timeout: number): Promise<Done> {
-  return new Promise((resolve) => {
-    execFile(file, args, {
-      cwd: clone,
-      env,
-      timeout,
-      killSignal: "SIGKILL",
-      encoding: "utf8",
-    }, (error, stdout, stderr) => {
-      resolve({
-        code: error === null
-          ? 0
-          : typeof error.code === "number"
-          ? error.code
-          : -1,
-        stdout,
-        stderr,
-      });
-    });
-  });
+  return runToEnd(file, args, { cwd: clone, env, timeout });
 }
 
 /** The packages of `names` that the clone's node_modules holds. */
@@ -142,14 +118,11 @@ describe("scripts/setup.sh's profiles in a fresh clone", () => {
     delete env.NODE_TEST_CONTEXT;
     delete env.NATS_SERVER_BIN;
     delete env.LEASE_SKIP_SETUP;
-    const cloned = await new Promise<Done>((resolve) =>
-      execFile(
-        "git",
-        ["clone", "-q", root, clone],
-        (error, stdout, stderr) =>
-          resolve({ code: error ? 1 : 0, stdout, stderr }),
-      )
-    );
+    const cloned = await runToEnd("git", ["clone", "-q", root, clone], {
+      cwd: tmp,
+      env: process.env,
+      timeout: 60_000,
+    });
     assert.equal(cloned.code, 0, cloned.stderr);
     for (const f of SETUP_FILES) {
       fs.copyFileSync(path.join(root, f), path.join(clone, f));
