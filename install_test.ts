@@ -336,32 +336,36 @@ describe("installing `lease` without a clone", () => {
       // Its first line: the key as it is now, released by the first run.
       await until("lease watch's first line", () => watch.out().includes("\n"));
 
-      // A command that runs until it is stopped, its pid in a file.
-      const holding = start(
-        "/usr/bin/env",
-        lease([
-          "run",
-          key,
-          ...opts,
-          "--ttl",
-          "3000",
-          "--node",
-          "bin-b",
-          "--",
-          "/bin/sh",
-          "-c",
-          "echo $$ > b.pid; exec /bin/sleep 60",
-        ]),
-        work,
-        env,
-      );
-      const bPid = path.join(work, "b.pid");
-      await until(
-        "the held command's pid file",
-        () =>
-          fs.existsSync(bPid) && fs.readFileSync(bPid, "utf8").endsWith("\n"),
-      );
-      const b = Number(fs.readFileSync(bPid, "utf8"));
+      // `lease run` of a command that runs until it is stopped, its pid in
+      // a file: the run, and the command's pid once it started.
+      const holdAs = async (node: string) => {
+        const file = path.join(work, `${node}.pid`);
+        const run = start(
+          "/usr/bin/env",
+          lease([
+            "run",
+            key,
+            ...opts,
+            "--ttl",
+            "3000",
+            "--node",
+            node,
+            "--",
+            "/bin/sh",
+            "-c",
+            `echo $$ > ${node}.pid; exec /bin/sleep 60`,
+          ]),
+          work,
+          env,
+        );
+        await until(
+          `${node}'s command's pid file`,
+          () =>
+            fs.existsSync(file) && fs.readFileSync(file, "utf8").endsWith("\n"),
+        );
+        return { run, pid: Number(fs.readFileSync(file, "utf8")) };
+      };
+      const { run: holding, pid: b } = await holdAs("bin-b");
 
       const holder = await leaseRun(["holder", key, "--json", ...opts]);
       assert.equal(holder.code, 0, show("lease holder", holder));
@@ -404,31 +408,7 @@ describe("installing `lease` without a clone", () => {
 
       // The watchdog is this same binary run again (scripts/lease_binary.ts):
       // `lease` killed by SIGKILL leaves it to stop the command at once.
-      const killed = start(
-        "/usr/bin/env",
-        lease([
-          "run",
-          key,
-          ...opts,
-          "--ttl",
-          "3000",
-          "--node",
-          "bin-c",
-          "--",
-          "/bin/sh",
-          "-c",
-          "echo $$ > c.pid; exec /bin/sleep 60",
-        ]),
-        work,
-        env,
-      );
-      const cPid = path.join(work, "c.pid");
-      await until(
-        "the second command's pid file",
-        () =>
-          fs.existsSync(cPid) && fs.readFileSync(cPid, "utf8").endsWith("\n"),
-      );
-      const c = Number(fs.readFileSync(cPid, "utf8"));
+      const { run: killed, pid: c } = await holdAs("bin-c");
       const t0 = performance.now();
       killed.child.kill("SIGKILL");
       await killed.exited;
