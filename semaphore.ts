@@ -489,8 +489,32 @@ class LocalLock {
  * not say): a recipe that builds keys from a name checks the name against
  * it up front, rather than fail on a key made from it halfway through.
  */
-export function keyRoomBehind(leases: LeaseManager): number {
+function keyRoomBehind(leases: LeaseManager): number {
   return keyRoom(managerBehind(leases));
+}
+
+/**
+ * Throws the TypeError of {@linkcode keyTooLong} when `name`, with the
+ * `added` characters the keys made from it add, is longer than the manager
+ * behind `leases` takes (see {@linkcode keyRoomBehind}).
+ */
+export function checkNameRoom(
+  leases: LeaseManager,
+  verb: string,
+  what: string,
+  name: string,
+  added: number,
+): void {
+  const room = keyRoomBehind(leases) - added;
+  if (name.length > room) {
+    throw keyTooLong(
+      verb,
+      what,
+      name,
+      room,
+      `, its keys adding up to ${added} characters to it`,
+    );
+  }
 }
 
 /**
@@ -1177,16 +1201,7 @@ export function semaphore(
       }`,
     );
   }
-  const room = keyRoomBehind(leases) - LONGEST_SUFFIX;
-  if (name.length > room) {
-    throw keyTooLong(
-      "create a semaphore",
-      "name",
-      name,
-      room,
-      `, its keys adding up to ${LONGEST_SUFFIX} characters to it`,
-    );
-  }
+  checkNameRoom(leases, "create a semaphore", "name", name, LONGEST_SUFFIX);
   if (typeof options !== "object" || options === null) {
     throw new TypeError(
       `Cannot create semaphore '${name}' as 'options' must be an object with a 'limit': received ${

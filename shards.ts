@@ -87,7 +87,6 @@
 import {
   type GuardOptions,
   type Holder,
-  keyTooLong,
   type Lease,
   type LeaseAcquiredEvent,
   type LeaseLostEvent,
@@ -96,7 +95,7 @@ import {
   NotHolderError,
   UnavailableError,
 } from "./lease.ts";
-import { keyRoomBehind } from "./semaphore.ts";
+import { checkNameRoom } from "./semaphore.ts";
 
 /**
  * Default of {@linkcode ShardsOptions.maxMembers}: how many members a group
@@ -601,16 +600,7 @@ export function shards(
   return {
     [Symbol.asyncIterator]: () => {
       // Asked of the manager only now: shards() itself calls nothing on it.
-      const room = keyRoomBehind(leases) - added;
-      if (group.length > room) {
-        throw keyTooLong(
-          "follow shards",
-          "group",
-          group,
-          room,
-          `, its keys adding up to ${added} characters to it`,
-        );
-      }
+      checkNameRoom(leases, "follow shards", "group", group, added);
       return follow(new Member(leases, group, count, slots, signal));
     },
   };
