@@ -7,9 +7,8 @@
 // through the whole outage, no stack trace, leading again once the server
 // is back on the same port and store.
 //
-// About 90 s, the outage alone 60 s of waiting: it runs under node with the
-// first server, beside the legs rather than in one (scripts/test.sh).
-// test.sh: beside the legs
+// About 90 s: the outage alone is 60 s, so it runs in one leg.
+// test.sh: node only
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";

@@ -19,9 +19,6 @@
 #                only; one whose line "// test.sh: node only" says it tests
 #                something outside the runtime (a browser, workerd) runs
 #                under node with the first server only
-#                (one whose line "// test.sh: beside the legs" says it
-#                mostly waits runs so too, in a process of its own beside
-#                the legs)
 #
 # Environment:
 #   LEASE_TEST_TIMEOUT      per-test timeout in ms for bun and node, also
@@ -41,7 +38,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 usage() {
-  sed -n '6,37p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '6,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 runtimes=()
@@ -309,19 +306,6 @@ for f in "${files[@]}"; do
   fi
 done
 
-# A file whose line "// test.sh: beside the legs" says it spends most of its
-# time waiting (outage_test.ts: a 60 s server outage) runs under node with
-# the first server, in a process of its own that starts before the first
-# leg and runs beside the legs, instead of adding its wait to one of them.
-beside=()
-for f in "${files[@]}"; do
-  if grep -q '^// test.sh: beside the legs' "$f"; then
-    beside+=("$f")
-    [[ " ${node_only[*]} " == *" $f "* ]] || node_only+=("$f")
-    [[ " ${first_only[*]} " == *" $f "* ]] || first_only+=("$f")
-  fi
-done
-
 # Prints each skipped test in a runtime's log as "NAME<TAB>REASON", one a
 # line. Only node prints the reason given to `skip`; titles of tests skipped
 # for a reason worth knowing carry it too ("[skipped: ...]").
@@ -362,80 +346,10 @@ sample_fds() {
   done
 }
 
-# Reads a finished run's log and prints its line (and, when tests failed,
-# their reports), adding its counts to the totals. Args: RUNTIME VERSION
-# LOG RC ELAPSED PEAK_FDS FDS_FILE.
-report_leg() {
-  local runtime="$1" version="$2" log="$3" rc="$4" elapsed="$5" peak_fds="$6" fds="$7"
-  local summary note passed failed skipped
-  summary="$(parse_summary "$runtime" "$log")"
-  note=""
-  skipped=0
-  if [[ -z "$summary" ]]; then
-    passed=0
-    failed=1
-    if ((rc == 124 || rc == 137)); then
-      note=" [killed after ${run_timeout} s, no summary]"
-    else
-      note=" [no summary, exit code $rc]"
-    fi
-  else
-    read -r passed failed skipped <<<"$summary"
-    if ((rc != 0 && failed == 0)); then
-      # E.g. an error outside any test, or a leak the runner reports.
-      failed=1
-      note=" [exit code $rc]"
-    fi
-  fi
-  printf '%-5s server %s: %d passed, %d failed, %d skipped (%d s, at most %s open descriptors)%s\n' \
-    "$runtime" "$version" "$passed" "$failed" "$skipped" "$elapsed" "${peak_fds:-?}" "$note"
-  if grep -q 'EMFILE\|too many open files' "$log"; then
-    echo "----- $runtime ran out of descriptors; its peak, $fds: -----"
-    cat "$fds" 2>/dev/null || echo "(not sampled)"
-  fi
-  if ((failed > 0)); then
-    # Each failed test with its error as the runtime printed it (cluster
-    # tests add their servers' last log lines to the error), then the
-    # log's tail, for a run that crashed or was killed without a summary.
-    echo "----- failed tests in $log -----"
-    failure_reports "$runtime" "$log" | head -n 600
-    # Named again at the end of the run (and of .ci/run), where a reader
-    # of only the last lines of a long log still sees them.
-    failed_names+=("$(failed_test_names "$runtime" "$log" |
-      sed -E "s/^/failed test: $runtime $version: /")")
-    echo "----- tail of $log -----"
-    tail -n 40 "$log"
-    echo "----- end of $log -----"
-  fi
-  skipped_names "$runtime" "$log" |
-    sed "s/^/$runtime\t$version\t/" >>"$logdir/skipped.tsv"
-  total_passed=$((total_passed + passed))
-  total_failed=$((total_failed + failed))
-  total_skipped=$((total_skipped + skipped))
-}
-
 failed_names=()
 total_passed=0
 total_failed=0
 total_skipped=0
-
-# The files that run beside the legs: started now, reported after them. Its
-# process group is killed on exit as the legs' are.
-beside_group=""
-if ((${#beside[@]} > 0)) && [[ " ${runtimes[*]} " == *" node "* ]]; then
-  beside_bin="$(server_binary "${servers[0]}")"
-  beside_log="$logdir/node-beside.log"
-  beside_cmd=(node_modules/.bin/node --test --test-concurrency=1
-    "--test-timeout=$per_test_timeout" "${beside[@]}")
-  echo "+ NATS_SERVER_BIN=$beside_bin ${beside_cmd[*]}" >"$beside_log"
-  beside_started=$SECONDS
-  NATS_SERVER_BIN="$beside_bin" timeout -k 10 "$run_timeout" "${beside_cmd[@]}" \
-    </dev/null >>"$beside_log" 2>&1 &
-  beside_group=$!
-  trap 'cleanup_group; [[ -z "$beside_group" ]] || kill -KILL -- "-$beside_group" 2>/dev/null || true' EXIT
-  echo "node  beside the legs: ${beside[*]}"
-fi
-
 for runtime in "${runtimes[@]}"; do
   for server in "${servers[@]}"; do
     # By default only Deno runs against the oldest server: nats.js (the
@@ -457,7 +371,6 @@ for runtime in "${runtimes[@]}"; do
     for f in "${files[@]}"; do
       if [[ "$server" != "${servers[0]}" && " ${first_only[*]} " == *" $f "* ]]; then continue; fi
       if [[ "$runtime" != node && " ${node_only[*]} " == *" $f "* ]]; then continue; fi
-      if [[ " ${beside[*]} " == *" $f "* ]]; then continue; fi
       run_files+=("$f")
     done
     if ((${#run_files[@]} == 0)); then
@@ -487,19 +400,52 @@ for runtime in "${runtimes[@]}"; do
     elapsed=$((SECONDS - started))
     peak_fds="$(head -n 1 "$fds" 2>/dev/null)" || peak_fds=""
 
-    report_leg "$runtime" "$version" "$log" "$rc" "$elapsed" "$peak_fds" "$fds"
+    summary="$(parse_summary "$runtime" "$log")"
+    note=""
+    skipped=0
+    if [[ -z "$summary" ]]; then
+      passed=0
+      failed=1
+      if ((rc == 124 || rc == 137)); then
+        note=" [killed after ${run_timeout} s, no summary]"
+      else
+        note=" [no summary, exit code $rc]"
+      fi
+    else
+      read -r passed failed skipped <<<"$summary"
+      if ((rc != 0 && failed == 0)); then
+        # E.g. an error outside any test, or a leak the runner reports.
+        failed=1
+        note=" [exit code $rc]"
+      fi
+    fi
+    printf '%-5s server %s: %d passed, %d failed, %d skipped (%d s, at most %s open descriptors)%s\n' \
+      "$runtime" "$version" "$passed" "$failed" "$skipped" "$elapsed" "${peak_fds:-?}" "$note"
+    if grep -q 'EMFILE\|too many open files' "$log"; then
+      echo "----- $runtime ran out of descriptors; its peak, $fds: -----"
+      cat "$fds" 2>/dev/null || echo "(not sampled)"
+    fi
+    if ((failed > 0)); then
+      # Each failed test with its error as the runtime printed it (cluster
+      # tests add their servers' last log lines to the error), then the
+      # log's tail, for a run that crashed or was killed without a summary.
+      echo "----- failed tests in $log -----"
+      failure_reports "$runtime" "$log" | head -n 600
+      # Named again at the end of the run (and of .ci/run), where a reader
+      # of only the last lines of a long log still sees them.
+      failed_names+=("$(failed_test_names "$runtime" "$log" |
+        sed -E "s/^/failed test: $runtime $version: /")")
+      echo "----- tail of $log -----"
+      tail -n 40 "$log"
+      echo "----- end of $log -----"
+    fi
+    skipped_names "$runtime" "$log" |
+      sed "s/^/$runtime\t$version\t/" >>"$logdir/skipped.tsv"
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failed))
+    total_skipped=$((total_skipped + skipped))
   done
 done
-
-if [[ -n "$beside_group" ]]; then
-  rc=0
-  wait "$beside_group" || rc=$?
-  kill -KILL -- "-$beside_group" 2>/dev/null || true
-  beside_group=""
-  beside_version="$("$beside_bin" --version 2>/dev/null | sed -E 's/^.*v([0-9][^ ]*).*$/\1/')"
-  report_leg node "$beside_version (beside the legs)" "$beside_log" "$rc" \
-    "$((SECONDS - beside_started))" "" ""
-fi
 
 # Which tests were skipped, each once, with its reason and the runs that
 # skipped it.
