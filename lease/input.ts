@@ -115,19 +115,13 @@ export function keyTooLong(
 }
 
 /**
- * The longest key each lease manager takes, for the recipes (semaphores,
- * shards) that build keys from a name: they check the name once, up front.
+ * The longest key `manager` takes (its `maxKey`), for the recipes
+ * (semaphores, shards) that build keys from a name and check the name once,
+ * up front: Infinity for a manager that does not say.
  */
-const keyRooms = new WeakMap<object, number>();
-
-/** Records the longest key `manager` takes. */
-export function setKeyRoom(manager: object, max: number): void {
-  keyRooms.set(manager, max);
-}
-
-/** The longest key `manager` takes: Infinity when it did not say. */
 export function keyRoom(manager: object): number {
-  return keyRooms.get(manager) ?? Infinity;
+  const max = (manager as { maxKey?: unknown }).maxKey;
+  return typeof max === "number" ? max : Infinity;
 }
 
 /** `signal` of a call on `key`: an AbortSignal or undefined. */

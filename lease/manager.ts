@@ -270,7 +270,7 @@ import {
   LeaseRenewedEvent,
   RenewalFailedEvent,
 } from "./events.ts";
-import { checkKey, checkSignal, describe, setKeyRoom } from "./input.ts";
+import { checkKey, checkSignal, describe } from "./input.ts";
 import {
   BucketGone,
   type LinkChange,
@@ -443,8 +443,11 @@ export class Manager extends EventTarget implements LeaseManager {
   readonly #settleTimeout: number;
   readonly #idleRelease: number | undefined;
   readonly #check: GuardCheck;
-  /** See {@linkcode ManagerSettings.maxKey}. */
-  readonly #maxKey: number;
+  /**
+   * The longest key taken ({@linkcode ManagerSettings.maxKey}); the
+   * recipes read it to check a name up front (`keyRoom`).
+   */
+  readonly maxKey: number;
   /** See {@linkcode leaseCheckMargin}. */
   readonly #margin: number;
   /** Tags our writes so a restarted process with our node id is told apart. */
@@ -531,8 +534,7 @@ export class Manager extends EventTarget implements LeaseManager {
     this.#settleTimeout = o.settleTimeout;
     this.#idleRelease = o.idleRelease;
     this.#check = o.check ?? "cas";
-    this.#maxKey = o.maxKey ?? Infinity;
-    setKeyRoom(this, this.#maxKey);
+    this.maxKey = o.maxKey ?? Infinity;
     this.#margin = leaseCheckMargin(o.ttl);
     this.#instance = port.newInstanceId();
     this.#signal = o.signal;
@@ -706,7 +708,7 @@ export class Manager extends EventTarget implements LeaseManager {
     try {
       // A key with state here passed the check before: no regex per write.
       const known = typeof key === "string" ? this.#keys.get(key) : undefined;
-      if (!known) checkKey("guard a write", key, this.#maxKey);
+      if (!known) checkKey("guard a write", key, this.maxKey);
       if (typeof write !== "function") {
         throw new TypeError(
           `Cannot guard a write on '${key}' as 'write' must be a function: received ${
@@ -881,7 +883,7 @@ export class Manager extends EventTarget implements LeaseManager {
   }
 
   async held(key: string): Promise<boolean> {
-    checkKey("check a lease", key, this.#maxKey);
+    checkKey("check a lease", key, this.maxKey);
     this.#checkOpen("check a lease", key);
     const st = await this.#claim(key, undefined);
     try {
@@ -893,7 +895,7 @@ export class Manager extends EventTarget implements LeaseManager {
   }
 
   async holder(key: string): Promise<Holder | null> {
-    checkKey("read a holder", key, this.#maxKey);
+    checkKey("read a holder", key, this.maxKey);
     this.#checkOpen("read a holder", key);
     let seen: Seen | null;
     try {
@@ -906,7 +908,7 @@ export class Manager extends EventTarget implements LeaseManager {
   }
 
   async holders(prefix: string): Promise<Map<string, Holder>> {
-    checkKey("list holders", prefix, this.#maxKey);
+    checkKey("list holders", prefix, this.maxKey);
     this.#checkOpen("list holders", prefix);
     const subjects = this.#port.subjects;
     if (subjects === undefined) {
@@ -1106,7 +1108,7 @@ export class Manager extends EventTarget implements LeaseManager {
   }
 
   campaign(key: string, options?: WatchOptions): AsyncIterable<Lease> {
-    checkKey("campaign", key, this.#maxKey);
+    checkKey("campaign", key, this.maxKey);
     this.#checkOpen("campaign", key);
     checkSignal("campaign", key, options?.signal);
     return this.#campaign(key, options?.signal);
@@ -1163,7 +1165,7 @@ export class Manager extends EventTarget implements LeaseManager {
   }
 
   watch(key: string, options?: WatchOptions): AsyncIterable<Holder | null> {
-    checkKey("watch a lease", key, this.#maxKey);
+    checkKey("watch a lease", key, this.maxKey);
     this.#checkOpen("watch a lease", key);
     checkSignal("watch a lease", key, options?.signal);
     return this.#watchHolders(key, options?.signal);
@@ -2109,7 +2111,7 @@ export class Manager extends EventTarget implements LeaseManager {
   }
 
   release(key: string): Promise<void> {
-    checkKey("release a lease", key, this.#maxKey);
+    checkKey("release a lease", key, this.maxKey);
     const st = this.#keys.get(key);
     if (!st) return Promise.resolve();
     return this.#giveUp(st, this.#port.now() + this.#settleTimeout).then(
