@@ -83,8 +83,9 @@ interface ServerApiReply {
  * Sends an account-scoped STATZ ping, again each STATZ_RESEND_MS, and
  * gathers the replies until every name in `wanted` has answered or `ms` have
  * passed; with `enough`, also `settle` ms after the replies first satisfy
- * it (the servers that are up answer within milliseconds; one that is down
- * would hold the round for all of `ms`). Never rejects.
+ * it, as long as `settle` says when it is first met (the servers that are up
+ * answer within milliseconds; one that is down would hold the round for all
+ * of `ms`). Never rejects.
  */
 export function census(
   nc: NatsConnection,
@@ -92,7 +93,7 @@ export function census(
   ms: number,
   enough?: {
     met(versions: ReadonlyMap<string, string>): boolean;
-    settle: number;
+    settle(versions: ReadonlyMap<string, string>): number;
   },
   signal?: AbortSignal,
 ): Promise<Census> {
@@ -144,7 +145,7 @@ export function census(
         enough !== undefined && settling === undefined &&
         enough.met(result.versions)
       ) {
-        settling = setTimeout(() => finish(), enough.settle);
+        settling = setTimeout(() => finish(), enough.settle(result.versions));
       }
     };
     try {
@@ -347,8 +348,13 @@ function heldHere(nc: NatsConnection, peers: readonly string[]): boolean {
  */
 const QUORUM_SETTLE_MS = 300;
 
-/** A replica the leader has not heard from for this long counts as down. */
-const DOWN_AFTER_MS = 1_500;
+/**
+ * A replica the leader has not heard from for this long counts as down:
+ * two of the Raft heartbeats it sends each second (measured on 2.15.2: an
+ * idle replica's `active` climbs to about 1 s, then falls back), so one
+ * beat late on a loaded machine still counts as up.
+ */
+const DOWN_AFTER_MS = 2_000;
 
 /** How long the others get after a quorum when no peer looks down. */
 const LATE_ANSWER_MS = 2_000;
@@ -437,18 +443,27 @@ export async function proveServers(
   const quorum = Math.floor(replicas / 2) + 1;
   const budget = left();
   // Stream info's `active` (nanoseconds since the leader last heard from a
-  // replica) tells a peer that is down from one slow to answer: only when
-  // some peer has been silent that long is the quorum given just
-  // QUORUM_SETTLE_MS more; otherwise every peer looks up, and the others get
-  // up to LATE_ANSWER_MS, so a loaded machine still proves them all here.
-  const silent = (info.cluster?.replicas ?? []).some((r) =>
-    (r.active ?? 0) / 1e6 > DOWN_AFTER_MS
+  // replica) tells a peer that is down from one slow to answer. Once a
+  // quorum has answered, the peers still silent in the census get just
+  // QUORUM_SETTLE_MS more when each of them has also been silent to the
+  // leader that long (down); when any of them looks up, up to
+  // LATE_ANSWER_MS, so a loaded machine still proves them all here. Judged
+  // per missing peer: on a loaded cluster one replica's heartbeat (each
+  // second) can run late while the one that is slow to answer is another,
+  // and CI once saw that cost a never-used key its one-round-trip write.
+  const silentFor = new Map(
+    (info.cluster?.replicas ?? []).map((r) => [r.name, (r.active ?? 0) / 1e6]),
   );
   const { versions, failure } = await census(nc, unique, budget, {
     met: (seen) =>
       (leader === undefined || seen.has(leader)) &&
       unique.filter((p) => seen.has(p)).length >= quorum,
-    settle: silent ? QUORUM_SETTLE_MS : LATE_ANSWER_MS,
+    settle: (seen) =>
+      unique.every((p) =>
+          seen.has(p) || (silentFor.get(p) ?? 0) > DOWN_AFTER_MS
+        )
+        ? QUORUM_SETTLE_MS
+        : LATE_ANSWER_MS,
   });
   const answered = unique.filter((p) => versions.has(p));
   const pending = unique.filter((p) => !versions.has(p));
