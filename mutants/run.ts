@@ -152,17 +152,21 @@ interface Outcome {
   tail: string;
 }
 
-/** Runs one test file (the tests whose names match `name`) in `dir`. */
+/**
+ * Runs one test file in `dir`: the tests whose names match `name`, or any
+ * of `names` (node takes the pattern flag more than once).
+ */
 function runTest(
   dir: string,
-  m: Pick<Mutant, "test" | "name">,
-): Promise<Outcome> {
+  m: Pick<Mutant, "test" | "name"> & { names?: readonly string[] },
+): Promise<Outcome & { out: string }> {
   const node = path.join(ROOT, "node_modules/.bin/node");
+  const patterns = m.names ?? (m.name === undefined ? [] : [m.name]);
   const args = [
     "--test",
     "--test-concurrency=1",
     `--test-timeout=${RUN_TIMEOUT_MS}`,
-    ...(m.name === undefined ? [] : [`--test-name-pattern=${m.name}`]),
+    ...patterns.map((n) => `--test-name-pattern=${n}`),
     m.test,
   ];
   const started = performance.now();
@@ -203,6 +207,7 @@ function runTest(
       resolve({
         passed: code === 0,
         tests,
+        out,
         ms: performance.now() - started,
         tail: out.split("\n").filter((l) =>
           /✖|Error|assert/i.test(l)
@@ -214,6 +219,74 @@ function runTest(
       });
     });
   });
+}
+
+/** A baseline outcome, and whether its line was printed yet. */
+type Baseline = Outcome & { reported?: boolean; together?: number };
+
+/**
+ * The baselines of `chosen`, by test file and name pattern. Each file's
+ * patterns run first in one process (one start-up, and one set of servers
+ * its hooks start, instead of one per pattern); when that run passes, each
+ * pattern counts as passing if some passing test's name matches it. When it
+ * fails, or a pattern matched none, that file's patterns run one by one, so
+ * a failing or empty pattern is named and the others still count.
+ */
+async function runBaselines(
+  dir: string,
+  chosen: readonly Mutant[],
+): Promise<Map<string, Baseline>> {
+  const byFile = new Map<string, string[]>();
+  const whole = new Set<string>();
+  for (const m of chosen) {
+    if (m.name === undefined) whole.add(m.test);
+    else {
+      const names = byFile.get(m.test) ?? [];
+      if (!names.includes(m.name)) names.push(m.name);
+      byFile.set(m.test, names);
+    }
+  }
+  const out = new Map<string, Baseline>();
+  for (const test of whole) out.set(`${test}\0`, await runTest(dir, { test }));
+  for (const [test, names] of byFile) {
+    const group = await runTest(dir, { test, names });
+    const passed = passedNames(group.out).filter((n) => !n.startsWith(test));
+    for (const name of names) {
+      const matched = passed.filter((n) => new RegExp(name).test(n)).length;
+      out.set(
+        `${test}\0${name}`,
+        group.passed && matched > 0
+          ? {
+            passed: true,
+            tests: matched,
+            ms: group.ms,
+            tail: "",
+            together: names.length,
+          }
+          : await runTest(dir, { test, name }),
+      );
+    }
+  }
+  return out;
+}
+
+/**
+ * The full names of the tests that passed in node's spec output, as its
+ * name patterns see them: a nested test's name follows its suites' names,
+ * space-separated (`▶ suite` opens one, indented `✔ name (12.3ms)` passes).
+ */
+function passedNames(out: string): string[] {
+  const suites: { indent: number; name: string }[] = [];
+  const names: string[] = [];
+  for (const line of out.split("\n")) {
+    const m = /^(\s*)(▶|✔) (.*?)(?: \([\d.]+m?s\))?$/.exec(line);
+    if (!m) continue;
+    const indent = m[1]!.length;
+    while (suites.length > 0 && suites.at(-1)!.indent >= indent) suites.pop();
+    if (m[2] === "▶") suites.push({ indent, name: m[3]! });
+    else names.push([...suites.map((s) => s.name), m[3]!].join(" "));
+  }
+  return names;
 }
 
 function killGroup(pid: number): void {
@@ -290,12 +363,11 @@ async function main(): Promise<number> {
   const dir = copyTree();
   try {
     // The baseline: each test that must kill a mutant passes without one.
-    const baselines = new Map<string, Outcome>();
+    const baselines = await runBaselines(dir, chosen);
     for (const m of chosen) {
-      const key = `${m.test}\0${m.name ?? ""}`;
-      if (baselines.has(key)) continue;
-      const o = await runTest(dir, m);
-      baselines.set(key, o);
+      const o = baselines.get(`${m.test}\0${m.name ?? ""}`)!;
+      if (o.reported) continue;
+      o.reported = true;
       const what = `${m.test}${m.name ? ` /${m.name}/` : ""}`;
       if (!o.passed || o.tests === 0) {
         console.log(
@@ -307,7 +379,11 @@ async function main(): Promise<number> {
         console.log(
           `baseline ${what}: passes (${o.tests} tests, ${
             Math.round(o.ms / 1000)
-          } s)`,
+          } s${
+            o.together
+              ? `, in one run with the file's ${o.together} patterns`
+              : ""
+          })`,
         );
       }
     }

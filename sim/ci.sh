@@ -2,7 +2,8 @@
 # CI entry point of the deterministic simulator: a fixed budget of seeded
 # histories on the real lease.ts under Deno (split over parallel jobs), a
 # determinism check, and every mutant of sim/mutants.ts hunted to its first
-# failure. Prints one line per check, "sim ci: <what>: PASS" or
+# failure (the focus runs and the hunts also run as parallel jobs). Prints
+# one line per check, "sim ci: <what>: PASS" or
 # "sim ci: <what>: FAILED ...", and exits non-zero if any failed.
 #
 # Environment:
@@ -70,15 +71,19 @@ cat "$logs"/shard*.log | grep '^sim ' || true
 # T2: a restart losing acknowledged messages in every history, under
 # clients of a leaf node that it does not disconnect (issue 31, point 3).
 focus_seeds="${SIM_CI_FOCUS:-3000}"
+focuses=("L1:lease-checked guards" "S1:re-created buckets and pauses"
+  "F3:markers changed at run time" "T2:leaf clients across a lost tail")
 if ((focus_seeds > 0)); then
-  for focus in "L1:lease-checked guards" "S1:re-created buckets and pauses" \
-    "F3:markers changed at run time" \
-    "T2:leaf clients across a lost tail"; do
-    id="${focus%%:*}"
+  # Independent runs, $jobs at a time; reported in this order.
+  printf '%s\n' "${focuses[@]%%:*}" | xargs -P "$jobs" -I{} bash -c '
     start=$SECONDS
-    if "$deno" run -A sim/run.ts --focus "$id" --seeds "$focus_seeds" \
-      >"$logs/focus-$id.log" 2>&1; then
-      echo "sim ci: $focus_seeds histories focused on ${focus#*:} (--focus $id) on ${SIM_LEASE:-lease.ts}: PASS ($((SECONDS - start)) s)"
+    "$1" run -A sim/run.ts --focus "$2" --seeds "$3" >"$4/focus-$2.log" 2>&1
+    echo "$? $((SECONDS - start))" >"$4/focus-$2.rc"' _ "$deno" {} "$focus_seeds" "$logs"
+  for focus in "${focuses[@]}"; do
+    id="${focus%%:*}"
+    read -r rc took <"$logs/focus-$id.rc" 2>/dev/null || rc=1 took=?
+    if ((rc == 0)); then
+      echo "sim ci: $focus_seeds histories focused on ${focus#*:} (--focus $id) on ${SIM_LEASE:-lease.ts}: PASS ($took s)"
     else
       echo "sim ci: $focus_seeds histories focused on ${focus#*:} (--focus $id): FAILED"
       head -n 60 "$logs/focus-$id.log"
@@ -89,8 +94,9 @@ fi
 
 # 2. One seed is one history: the same trace twice.
 seed=$(((seeds * 7919) % 100003))
-"$deno" run -A sim/run.ts --trace "$seed" >"$logs/a.txt" 2>&1
+"$deno" run -A sim/run.ts --trace "$seed" >"$logs/a.txt" 2>&1 &
 "$deno" run -A sim/run.ts --trace "$seed" >"$logs/b.txt" 2>&1
+wait
 if [[ -s "$logs/a.txt" ]] && cmp -s "$logs/a.txt" "$logs/b.txt"; then
   echo "sim ci: determinism (seed $seed run twice, $(wc -l <"$logs/a.txt") trace lines identical): PASS"
 else
@@ -103,9 +109,31 @@ fi
 # lease.ts) is caught, by the property expected, within the budget.
 if ((mutant_budget > 0)); then
   start=$SECONDS
+  # One hunt per process, $jobs at a time, taken from the end of the table
+  # (where the longest hunts are) so the last to start are the short ones;
+  # the rows are then read in the table's order. A hunt that cannot be
+  # built (its edit no longer matches lease.ts) exits above 1, or prints
+  # no row: then the rows of the others alone would look like a pass.
   mutants_rc=0
-  "$deno" run -A sim/run.ts --mutants --expected-only --seeds "$mutant_budget" \
-    >"$logs/mutants.txt" 2>&1 || mutants_rc=$?
+  mapfile -t holes < <("$deno" eval \
+    'import { MUTANTS } from "./sim/mutants.ts"; for (const m of MUTANTS) console.log(m.hole);')
+  if ((${#holes[@]} == 0)); then mutants_rc=2; fi
+  for ((i = ${#holes[@]} - 1; i >= 0; i--)); do echo "${holes[i]}"; done |
+    xargs -P "$jobs" -I{} bash -c '
+      "$1" run -A sim/run.ts --mutant "$2" --expected-only --seeds "$3" \
+        >"$4/mutant-$2.txt" 2>&1
+      echo $? >"$4/mutant-$2.rc"' _ "$deno" {} "$mutant_budget" "$logs"
+  : >"$logs/mutants.txt"
+  for hole in "${holes[@]}"; do
+    rc="$(cat "$logs/mutant-$hole.rc" 2>/dev/null || echo 2)"
+    if ((rc > 1)) || ! grep -q '^| [A-Z]\{0,1\}[0-9]' "$logs/mutant-$hole.txt"; then
+      mutants_rc=2
+      echo "hunt of mutant $hole: exit $rc" >>"$logs/mutants.txt"
+      tail -n 20 "$logs/mutant-$hole.txt" >>"$logs/mutants.txt"
+    else
+      grep '^| [A-Z]\{0,1\}[0-9]' "$logs/mutant-$hole.txt" >>"$logs/mutants.txt"
+    fi
+  done
   while IFS='|' read -r _ hole name expect caught seed hist time _; do
     hole="${hole// /}"
     [[ "$hole" =~ ^[A-Z]?[0-9]+b?$ ]] || continue
