@@ -339,3 +339,71 @@ describe("waiting across a server restart", () => {
     );
   }
 });
+
+test(
+  "campaign() through an outage longer than the TTL leads again once the server is back: after the grace of the tenure its manager's renewal takes back, or of a fresh one",
+  async () => {
+    // The README's leader.js through its outage (outage_test.ts), at a 1 s
+    // TTL and under every runtime. The lease is lost in the outage, but the
+    // key's state keeps its claim; when the restarted server still holds
+    // the entry (2.15.2: it expires it about 230 ms after start), the
+    // manager's renewal lands and starts a lapsed tenure (two TTLs of
+    // grace); when it does not (2.9.10 here), the key is taken fresh. The
+    // campaign, asleep since the loss, must lead after either.
+    const ttl = 1000;
+    await using ns = await NatsServer.start();
+    const nc = await conn(ns.url);
+    const m = await createLeaseManager({
+      nc,
+      node: "solo",
+      bucket: uniq("rv"),
+      ttl,
+    });
+    const found: string[] = [];
+    m.addEventListener("acquired", (e) => found.push(e.found));
+    const ctl = new AbortController();
+    try {
+      let led = 0;
+      let first!: () => void;
+      const firstLed = new Promise<void>((r) => first = r);
+      const leading = (async () => {
+        for await (const lease of m.campaign("k", { signal: ctl.signal })) {
+          led = performance.now();
+          first();
+          // Leads until the tenure ends, then campaigns again.
+          await new Promise<void>((r) =>
+            lease.signal.addEventListener("abort", () => r(), { once: true })
+          );
+        }
+      })();
+      leading.catch(() => {}); // judged below
+      await firstLed;
+      const firstAt = led;
+      const lost = new Promise((r) =>
+        m.addEventListener("lost", r, { once: true })
+      );
+      await ns.kill();
+      await lost;
+      await sleep(ttl / 2);
+      await ns.restart();
+      const back = performance.now();
+      // Two TTLs of grace at most; the reconnect (100 ms apart) and the
+      // reads around it take the rest.
+      await eventually(
+        () => led > firstAt,
+        2 * ttl + 3000,
+        "a tenure after the server came back",
+      ).catch((err) => {
+        throw new Error(`${err.message} (tenures begun: ${found.join(", ")})`);
+      });
+      report("campaign() after an outage longer than the TTL", {
+        afterRestart: led - back,
+      });
+      console.log(`  tenures begun: ${found.join(", ")}`);
+    } finally {
+      ctl.abort();
+      await m.close();
+      await nc.close();
+    }
+  },
+);

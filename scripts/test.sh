@@ -24,7 +24,7 @@
 #   LEASE_TEST_TIMEOUT      per-test timeout in ms for bun and node, also
 #                           passed to the tests (default 120000)
 #   LEASE_TEST_RUN_TIMEOUT  seconds one runtime may take for all files before
-#                           it is killed (default 900)
+#                           it is killed (default 1200; the Node leg takes about 14 min)
 #   LEASE_SKIP_SETUP=1      do not run scripts/setup.sh first
 #
 # Prints one line per runtime and server, e.g.
@@ -103,7 +103,7 @@ for i in "${!files[@]}"; do
 done
 
 per_test_timeout="${LEASE_TEST_TIMEOUT:-120000}"
-run_timeout="${LEASE_TEST_RUN_TIMEOUT:-900}"
+run_timeout="${LEASE_TEST_RUN_TIMEOUT:-1200}"
 export LEASE_TEST_TIMEOUT="$per_test_timeout"
 export NO_COLOR=1
 
