@@ -250,9 +250,10 @@ async function runBaselines(
   for (const test of whole) out.set(`${test}\0`, await runTest(dir, { test }));
   for (const [test, names] of byFile) {
     const group = await runTest(dir, { test, names });
-    const passed = passedNames(group.out).filter((n) => !n.startsWith(test));
+    const passed = passedNames(group.out).filter(([n]) => !n.startsWith(test));
     for (const name of names) {
-      const matched = passed.filter((n) => new RegExp(name).test(n)).length;
+      const re = new RegExp(name);
+      const matched = passed.filter((n) => n.some((x) => re.test(x))).length;
       out.set(
         `${test}\0${name}`,
         group.passed && matched > 0
@@ -271,20 +272,21 @@ async function runBaselines(
 }
 
 /**
- * The full names of the tests that passed in node's spec output, as its
- * name patterns see them: a nested test's name follows its suites' names,
- * space-separated (`▶ suite` opens one, indented `✔ name (12.3ms)` passes).
+ * The names of the tests that passed in node's spec output, each as it
+ * stands and as its full name, its suites' names before it, space-separated
+ * (`▶ suite` opens one, indented `✔ name (12.3ms)` passes): a name pattern
+ * may match either.
  */
-function passedNames(out: string): string[] {
+function passedNames(out: string): [string, string][] {
   const suites: { indent: number; name: string }[] = [];
-  const names: string[] = [];
+  const names: [string, string][] = [];
   for (const line of out.split("\n")) {
     const m = /^(\s*)(▶|✔) (.*?)(?: \([\d.]+m?s\))?$/.exec(line);
     if (!m) continue;
     const indent = m[1]!.length;
     while (suites.length > 0 && suites.at(-1)!.indent >= indent) suites.pop();
     if (m[2] === "▶") suites.push({ indent, name: m[3]! });
-    else names.push([...suites.map((s) => s.name), m[3]!].join(" "));
+    else names.push([m[3]!, [...suites.map((s) => s.name), m[3]!].join(" ")]);
   }
   return names;
 }
