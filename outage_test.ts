@@ -17,6 +17,9 @@ import * as os from "node:os";
 import * as path from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { DEFAULT_TTL } from "./lease.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 
@@ -40,7 +43,11 @@ for (const type of ["acquired", "lost", "released", "renewal-failed", "renewed",
 (async () => {
   for await (const s of nc.status()) trace("status", s.type);
 })();
-setInterval(() => trace("health", JSON.stringify(leases.health())), 1000).unref();
+let health = "";
+setInterval(() => {
+  const now = JSON.stringify(leases.health());
+  if (now !== health) trace("health", health = now);
+}, 1000).unref();
 `;
 
 /** The README's block named `name`, as pasted. */
@@ -51,6 +58,45 @@ function readmeBlock(name: string): string {
   ).exec(readme);
   assert.ok(m, `no block named '${name}' in README.md`);
   return m[1]! + "\n";
+}
+
+/**
+ * What the server holds for leader.js's key, for a failure's message: the
+ * key's last message (sequence, headers, age) and the stream's state.
+ */
+async function serverView(url: string): Promise<string> {
+  let nc: NatsConnection | undefined;
+  try {
+    nc = await connect({ servers: url, timeout: 2000 });
+    const jsm = await jetstreamManager(nc);
+    const info = await jsm.streams.info("KV_leases");
+    let last = "no message";
+    try {
+      const m = await jsm.streams.getMessage("KV_leases", {
+        last_by_subj: "$KV.leases.scheduler",
+      });
+      last = m === null
+        ? "none"
+        : `seq ${m.seq}, ${
+          Math.round(Date.now() - m.time.getTime())
+        } ms old, headers ${
+          JSON.stringify(
+            m.header
+              ? [...m.header.keys()].map((k) => [k, m.header.get(k)])
+              : [],
+          )
+        }, value ${JSON.stringify(new TextDecoder().decode(m.data))}`;
+    } catch (err) {
+      last = String(err);
+    }
+    return `last message of the key: ${last}; stream state ${
+      JSON.stringify(info.state)
+    }`;
+  } catch (err) {
+    return `(not read: ${err})`;
+  } finally {
+    await nc?.close();
+  }
 }
 
 /** The machine's own Node (older than 24) when there is one, else ours. */
@@ -82,7 +128,7 @@ test(
       });
       // The block as pasted, plus listeners that only observe: its
       // manager's events, the connection's status changes and health() each
-      // second go to trace.log, which a failure prints.
+      // second (when it changed) go to trace.log, which a failure prints.
       const block = readmeBlock("leader-app").replace(
         /\b4222\b/g,
         String(ns.port),
@@ -163,7 +209,13 @@ test(
         "tenure after the outage",
         () => tenures().length >= 2,
         3 * DEFAULT_TTL + 15_000,
-      );
+      ).catch(async (err) => {
+        throw new assert.AssertionError({
+          message: `${err.message}\nthe server's view: ${await serverView(
+            ns.url,
+          )}`,
+        });
+      });
       assert.match(out, /stops leading\n[\s\S]* leads "scheduler"/);
       child.kill("SIGINT");
       await exited;
