@@ -523,6 +523,93 @@ describe("the marker proof on the simulated port", () => {
   }
 });
 
+describe("the fenced write on the simulated port", () => {
+  // fenced_port_test.ts's scenario, on the simulator's port: stored under
+  // the tenure, refused with the displacing revision after a takeover, and
+  // refused before sending on a server that ignores the check.
+  const net: Network = {
+    delay: () => 1,
+    fate: () => "ok",
+    lateBy: () => 1,
+    timerLate: () => 0,
+    replica: () => 0,
+    freeze: false,
+    timersFirst: false,
+    crossedReply: () => true,
+    sent: () => {},
+    replied: () => {},
+    disturbed: () => {},
+  };
+  for (const version of ["2.15.2", "2.10.22"]) {
+    test(`Port.publish() on a simulated ${version}`, async () => {
+      const sched = new Scheduler();
+      const kv = new SimKv(sched, new Trace(false), "b", {
+        maxAge: 1000,
+        markers: version !== "2.10.22",
+        markerTTL: 2500,
+        late: () => 0,
+        lags: [0],
+        version,
+      });
+      const node = new SimNode(
+        sched,
+        kv,
+        net,
+        new Trace(false),
+        "m1",
+        1,
+        0,
+        lib,
+        1000,
+      );
+      const port = node.port;
+      const tenure = kv.subject("k");
+      const data = kv.subject("data.x");
+      // Runs the world until the call settles.
+      const settle = async <T>(p: Promise<T>): Promise<T> => {
+        const out = p.then((v) => ({ v }), (e: unknown) => ({ e }));
+        await new Promise((r) => setImmediate(r));
+        await sched.run(sched.now + 100);
+        const r = await out;
+        if ("e" in r) throw r.e;
+        return r.v;
+      };
+      const take = (expect: number) =>
+        settle(port.write({
+          subject: tenure,
+          op: "PUT",
+          value: new TextEncoder().encode("a"),
+          expect,
+          msgId: `t${expect}`,
+          timeout: 250,
+        }));
+      const write = (text: string, seq: number) =>
+        settle(port.publish!({
+          subject: data,
+          data: new TextEncoder().encode(text),
+          fence: { subject: tenure, seq },
+          timeout: 250,
+        }));
+      const last = async () =>
+        (await settle(port.read(data, { leader: true }, 250)))?.value;
+      const a = await take(0);
+      assert.ok("seq" in a);
+      if (version === "2.10.22") {
+        await assert.rejects(write("a1", a.seq), RangeError);
+        assert.equal(await last(), undefined);
+        return;
+      }
+      assert.ok("seq" in await write("a1", a.seq));
+      const b = await take(a.seq);
+      assert.ok("seq" in b);
+      assert.deepEqual(await write("a2", a.seq), { conflict: b.seq });
+      assert.equal(await last(), "a1");
+      assert.ok("seq" in await write("b1", b.seq));
+      assert.equal(await last(), "b1");
+    });
+  }
+});
+
 describe("runHistory()", () => {
   test("runHistory() reproduces a history bit for bit from its seed", async () => {
     for (const seed of [3, 77]) {

@@ -41,8 +41,10 @@ import {
   casSafeVersion,
   census,
   currentMarkerLife,
+  fenceVersion,
   type MarkerProof,
   markersVersion,
+  unfencedServer,
 } from "./servers.ts";
 import { ReplyTrust } from "./trust.ts";
 
@@ -441,6 +443,32 @@ export function natsPort(
       if (req.op === "DEL") h.headers.set(KV_OPERATION_HDR, ["DEL"]);
       return trust.settle(
         inbox.request(writePrefix + req.subject, req.value, h, req.timeout),
+        applied,
+        applied,
+        checkIdentity,
+      ).catch(failed);
+    },
+    publish(req) {
+      // Judged by the server this connection is on. Of a cluster, only it
+      // is known here: a stream leader on a release before 2.11 would check
+      // the write's own subject instead, which refuses it (no message of
+      // another subject has the fence's sequence): never stored unfenced.
+      const version = nc.info?.version ?? "";
+      if (!fenceVersion(version)) {
+        return Promise.reject(unfencedServer(req.subject, version));
+      }
+      const h = new MsgHdrsImpl();
+      if (req.msgId !== undefined) {
+        h.headers.set(PubHeaders.MsgIdHdr, [req.msgId]);
+      }
+      h.headers.set(PubHeaders.ExpectedLastSubjectSequenceHdr, [
+        String(req.fence.seq),
+      ]);
+      h.headers.set(PubHeaders.ExpectedLastSubjectSequenceSubjectHdr, [
+        req.fence.subject,
+      ]);
+      return trust.settle(
+        inbox.request(writePrefix + req.subject, req.data, h, req.timeout),
         applied,
         applied,
         checkIdentity,

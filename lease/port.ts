@@ -45,6 +45,32 @@ export type WriteResult = { readonly seq: number } | {
   readonly conflict: number;
 };
 
+/**
+ * The check that fences a write (nats-server 2.11 or later): the server
+ * stores it only while the last revision of `subject`, another subject of
+ * the same stream (a tenure's entry), is still `seq`.
+ */
+export interface Fence {
+  /** The subject checked: `$KV.<bucket>.<key>` of the tenure's entry. */
+  readonly subject: string;
+  /** The revision that subject's last message must have: the tenure's. */
+  readonly seq: number;
+}
+
+/** A write fenced by a tenure's entry (see {@linkcode Port.publish}). */
+export interface PublishRequest {
+  /** Where it is stored: a subject of the bucket's stream. */
+  readonly subject: string;
+  /** The body. */
+  readonly data: Uint8Array;
+  /** The check it is stored under. */
+  readonly fence: Fence;
+  /** `Nats-Msg-Id`, when the caller wants the server to drop a repeat. */
+  readonly msgId?: string;
+  /** Milliseconds to wait for the reply before it counts as unanswered. */
+  readonly timeout: number;
+}
+
 /** A port's write or read found that the bucket's stream does not exist. */
 export class BucketGone extends Error {
   /** Makes the error. */
@@ -70,6 +96,18 @@ export interface Port {
   newInstanceId(): string;
   /** Publishes `req`; see {@linkcode WriteResult}. */
   write(req: WriteRequest): Promise<WriteResult>;
+  /**
+   * Optional (issue 33, not used by the manager yet): publishes a write
+   * fenced by `req.fence`. `{ seq }` when stored at that sequence;
+   * `{ conflict }` when the fence's subject has moved on, with the last
+   * revision the server named for it (-1 when it named none): the tenure
+   * is over and the write was not stored. The same reply gate as
+   * {@linkcode Port.write} holds back a success after an unanswered
+   * request or a silence. Rejects with a `RangeError`, before anything is
+   * sent, when the server cannot be proven to honour the fence (a release
+   * before 2.11 ignores the check on another subject).
+   */
+  publish?(req: PublishRequest): Promise<WriteResult>;
   /**
    * The last entry on `subject` (or, with `seq`, the message at that
    * revision if it is on `subject`); `null` when there is none. With

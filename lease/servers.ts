@@ -281,6 +281,34 @@ export function markersVersion(version: string): boolean {
 }
 
 /**
+ * The first release that checks a publish against another subject's last
+ * sequence (`Nats-Expected-Last-Subject-Sequence-Subject`); before it the
+ * header is ignored and the check made against the publish's own subject
+ * (nats-kv-facts.md §12).
+ */
+const FENCE_FIRST: Triple = [2, 11, 0];
+
+/** Whether a server version honours a fence (the check on another subject). */
+export function fenceVersion(version: string): boolean {
+  const parsed = parseVersion(version);
+  if (parsed === undefined) return false;
+  const c = compare(parsed.v, FENCE_FIRST);
+  return c > 0 || (c === 0 && !parsed.pre);
+}
+
+/**
+ * The error both ports reject a fenced write with, before sending it, on a
+ * server that does not honour the fence.
+ */
+export function unfencedServer(subject: string, version: string): RangeError {
+  return new RangeError(
+    `Cannot publish a fenced write to '${subject}' as the server runs nats-server ${
+      version || "of an unknown version"
+    }: the check on another subject (Nats-Expected-Last-Subject-Sequence-Subject) needs 2.11 or later, and an older server ignores it`,
+  );
+}
+
+/**
  * A marker whose own TTL governs (not the max age) was seen to vanish up
  * to 5 ms before its TTL had run from its timestamp; this much is taken
  * off its life.

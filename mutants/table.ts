@@ -35,7 +35,7 @@ export interface Mutant {
 /**
  * The table: the command and its watchdog first, then the recipes, the
  * manager's events and `health()`, `./otel`, `lease ls` and `lease watch`,
- * and the input checks.
+ * the input checks, and the production port's fenced write.
  */
 export const MUTANTS: readonly Mutant[] = [
   // --- cli/watchdog.ts: what stops the command when lease cannot ---------
@@ -745,5 +745,29 @@ export const MUTANTS: readonly Mutant[] = [
     test: "cli_test.ts",
     name: "bad arguments exit 64-67",
     what: "--kill-after equal to --ttl is taken",
+  },
+  // --- lease/nats_port.ts: the fenced write (issue 33, step 2) -----------
+  {
+    id: "FP1",
+    file: "lease/nats_port.ts",
+    find:
+      `      h.headers.set(PubHeaders.ExpectedLastSubjectSequenceSubjectHdr, [
+        req.fence.subject,
+      ]);`,
+    replace: ``,
+    test: "fenced_port_test.ts",
+    what:
+      "the fence's subject is left out: the server checks the write's own subject, and refuses a write its tenure allows",
+  },
+  {
+    id: "FP2",
+    file: "lease/nats_port.ts",
+    find: `      h.headers.set(PubHeaders.ExpectedLastSubjectSequenceHdr, [
+        String(req.fence.seq),
+      ]);`,
+    replace: ``,
+    test: "fenced_port_test.ts",
+    what:
+      "the fence's revision is left out: the subject header alone, an error to the server, so no fenced write lands",
   },
 ];

@@ -59,10 +59,12 @@
 
 import type {
   Port,
+  PublishRequest,
   RawEntry,
   WriteRequest,
   WriteResult,
 } from "../lease/port.ts";
+import { fenceVersion, unfencedServer } from "../lease/servers.ts";
 import type { ReplyTrust } from "../lease/trust.ts";
 import type { SimKv, Stored } from "./kv.ts";
 import { keyOf } from "./kv.ts";
@@ -753,6 +755,66 @@ export class SimNode implements Target {
         );
         heard?.(res);
         return res;
+      },
+      publish: async (req: PublishRequest): Promise<WriteResult> => {
+        // As the production port: refused before sending on a server that
+        // ignores the check on another subject.
+        const version = kv.cfg.version;
+        if (version !== undefined && !fenceVersion(version)) {
+          throw unfencedServer(req.subject, version);
+        }
+        const begun = sched.now;
+        const key = keyOf(req.subject);
+        const sendLocal = this.local();
+        const value = new TextDecoder().decode(req.data);
+        const what = () =>
+          `fenced publish on ${req.fence.subject} @${req.fence.seq}`;
+        const applied = (r: WriteResult) => "seq" in r;
+        return await this.#trust.settle(
+          this.#request<WriteResult>(
+            "write",
+            key,
+            req.timeout,
+            what,
+            () => {
+              const r = kv.publish(
+                {
+                  subject: req.subject,
+                  op: "PUT",
+                  value,
+                  expect: req.fence.seq,
+                  expectSubject: req.fence.subject,
+                  msgId: req.msgId,
+                },
+                this.label,
+                sendLocal,
+              );
+              this.#trace.add(
+                sched.now,
+                key,
+                "server",
+                () =>
+                  `${this.label} ${what()}: ${
+                    r === "gone"
+                      ? "stream not found"
+                      : "seq" in r
+                      ? `stored @${r.seq}${r.duplicate ? " (duplicate)" : ""}`
+                      : "conflict" in r
+                      ? `wrong last sequence: ${r.conflict}`
+                      : `refused (${r.refused})`
+                  }`,
+              );
+              if (r === "gone") return new this.#BucketGone();
+              if ("refused" in r) {
+                return new Error(`${r.description} (${r.refused})`);
+              }
+              return "seq" in r ? { seq: r.seq } : { conflict: r.conflict };
+            },
+          ),
+          applied,
+          applied,
+          () => this.#checkIdentity(key, req.timeout, begun),
+        );
       },
       read: (subject, query, timeout): Promise<RawEntry | null> => {
         const begun = sched.now;

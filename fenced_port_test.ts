@@ -1,0 +1,102 @@
+// The production port's fenced write (issue 33, step 2 of design/fenced.md;
+// the manager does not use it yet): `publish` stores a write only while the
+// tenure entry it names is still at the tenure's revision, the check made by
+// the server itself (Nats-Expected-Last-Subject-Sequence-Subject, 2.11+).
+// A takeover's compare-and-set moves the entry, and the old holder's next
+// fenced write is refused with the revision that displaced it; the new
+// holder's lands. On a server that ignores the header (before 2.11) the port
+// refuses to send it at all. The simulator's port is held to the same in
+// sim_test.ts.
+// Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
+// picks the server binary.
+import { test } from "./test_util/server_logs.ts";
+import assert from "node:assert/strict";
+import { connect } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { createLeaseManager } from "./mod.ts";
+import { natsPort } from "./lease/nats_port.ts";
+import { fenceVersion } from "./lease/servers.ts";
+import { uniq } from "./test_util/lease_helpers.ts";
+import { NatsServer } from "./test_util/nats_server.ts";
+
+const enc = new TextEncoder();
+
+test("a fenced write is stored under its tenure and refused, by the server, once a takeover moved the tenure's entry; a server before 2.11 gets none", async () => {
+  await using ns = await NatsServer.start();
+  const nc = await connect({ servers: ns.url });
+  try {
+    const bucket = uniq("fp");
+    // The manager makes the bucket as it makes every lease bucket.
+    await (await createLeaseManager({ nc, node: "maker", bucket, ttl: 5000 }))
+      .close();
+    const jsm = await jetstreamManager(nc);
+    const stream = `KV_${bucket}`;
+    const si = await jsm.streams.info(stream);
+    const port = natsPort(
+      nc,
+      jetstream(nc),
+      jsm,
+      stream,
+      si.config.allow_direct === true,
+      si.created,
+      5000,
+      { life: 0, peers: new Set() },
+      { pending: [], casCheck: false },
+    );
+    const tenure = `$KV.${bucket}.k`;
+    const data = `$KV.${bucket}.data.x`;
+    const last = async () =>
+      (await port.read(data, { leader: true }, 5000))
+        ?.value;
+    const take = (value: string, expect: number) =>
+      port.write({
+        subject: tenure,
+        op: "PUT",
+        value: enc.encode(value),
+        expect,
+        msgId: uniq("m"),
+        timeout: 5000,
+      });
+    const write = (text: string, seq: number) =>
+      port.publish!({
+        subject: data,
+        data: enc.encode(text),
+        fence: { subject: tenure, seq },
+        timeout: 5000,
+      });
+    const a = await take("a", 0);
+    assert.ok("seq" in a, JSON.stringify(a));
+
+    if (!fenceVersion(ns.version)) {
+      await assert.rejects(write("a1", a.seq), (err: Error) => {
+        assert.ok(err instanceof RangeError);
+        assert.match(err.message, /needs 2\.11 or later/);
+        assert.match(
+          err.message,
+          new RegExp(ns.version.replaceAll(".", "\\.")),
+        );
+        return true;
+      });
+      assert.equal(await last(), undefined, "nothing was sent");
+      return;
+    }
+
+    // Stored under A's tenure: checked against the tenure's entry, not the
+    // data subject (which has no message yet).
+    const a1 = await write("a1", a.seq);
+    assert.ok("seq" in a1, JSON.stringify(a1));
+    assert.equal(await last(), "a1");
+    // B takes the key over A's entry: A's tenure is over at the server.
+    const b = await take("b", a.seq);
+    assert.ok("seq" in b, JSON.stringify(b));
+    // A's late write is refused by the server, which names B's revision.
+    assert.deepEqual(await write("a2", a.seq), { conflict: b.seq });
+    assert.equal(await last(), "a1", "A's late write was not stored");
+    const b1 = await write("b1", b.seq);
+    assert.ok("seq" in b1, JSON.stringify(b1));
+    assert.equal(await last(), "b1");
+    port.close?.();
+  } finally {
+    await nc.close();
+  }
+});
