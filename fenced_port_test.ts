@@ -15,11 +15,32 @@ import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { createLeaseManager } from "./mod.ts";
 import { natsPort } from "./lease/nats_port.ts";
-import { fenceVersion } from "./lease/servers.ts";
+import { MAX_BATCH } from "./lease/port.ts";
+import { atomicVersion, fenceVersion } from "./lease/servers.ts";
 import { uniq } from "./test_util/lease_helpers.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 
 const enc = new TextEncoder();
+
+test("fenceVersion() and atomicVersion(): the check on another subject from 2.11.0, atomic batches from 2.12.0, neither in a pre-release of that first release", () => {
+  for (
+    const [v, fence, atomic] of [
+      ["2.9.10", false, false],
+      ["2.10.22", false, false],
+      ["2.11.0-RC.1", false, false],
+      ["2.11.0", true, false],
+      ["2.11.9", true, false],
+      ["2.12.0-beta.2", true, false],
+      ["2.12.0", true, true],
+      ["2.15.2", true, true],
+      ["3.0.0", true, true],
+      ["", false, false],
+    ] as const
+  ) {
+    assert.equal(fenceVersion(v), fence, `fence ${v}`);
+    assert.equal(atomicVersion(v), atomic, `atomic ${v}`);
+  }
+});
 
 test("a fenced write is stored under its tenure and refused, by the server, once a takeover moved the tenure's entry; a server before 2.11 gets none", async () => {
   await using ns = await NatsServer.start();
@@ -95,6 +116,93 @@ test("a fenced write is stored under its tenure and refused, by the server, once
     const b1 = await write("b1", b.seq);
     assert.ok("seq" in b1, JSON.stringify(b1));
     assert.equal(await last(), "b1");
+    port.close?.();
+  } finally {
+    await nc.close();
+  }
+});
+
+test("a fenced commit is stored whole under its tenure and refused whole once a takeover moved the tenure's entry; an empty or oversized batch, or a server before 2.12, gets none", async () => {
+  await using ns = await NatsServer.start();
+  const nc = await connect({ servers: ns.url });
+  try {
+    const bucket = uniq("fc");
+    await (await createLeaseManager({ nc, node: "maker", bucket, ttl: 5000 }))
+      .close();
+    const jsm = await jetstreamManager(nc);
+    const stream = `KV_${bucket}`;
+    // Atomic batches are off by default; a fenced bucket turns them on.
+    let si = await jsm.streams.info(stream);
+    si = await jsm.streams.update(
+      stream,
+      {
+        ...si.config,
+        allow_atomic: true,
+      } as Parameters<typeof jsm.streams.update>[1],
+    );
+    const port = natsPort(
+      nc,
+      jetstream(nc),
+      jsm,
+      stream,
+      si.config.allow_direct === true,
+      si.created,
+      5000,
+      { life: 0, peers: new Set() },
+      { pending: [], casCheck: false },
+    );
+    const tenure = `$KV.${bucket}.k`;
+    const keys = ["a", "b", "c"].map((k) => `$KV.${bucket}.data.${k}`);
+    const values = async () =>
+      await Promise.all(
+        keys.map(async (k) =>
+          (await port.read(k, { leader: true }, 5000))?.value
+        ),
+      );
+    const take = (value: string, expect: number) =>
+      port.write({
+        subject: tenure,
+        op: "PUT",
+        value: enc.encode(value),
+        expect,
+        msgId: uniq("m"),
+        timeout: 5000,
+      });
+    const commit = (text: string, seq: number, n = keys.length) =>
+      port.commit!({
+        writes: Array.from({ length: n }, (_, i) => ({
+          subject: keys[i % keys.length]!,
+          data: enc.encode(text),
+        })),
+        fence: { subject: tenure, seq },
+        timeout: 5000,
+      });
+    const a = await take("a", 0);
+    assert.ok("seq" in a, JSON.stringify(a));
+    for (const n of [0, MAX_BATCH + 1]) {
+      await assert.rejects(commit("x", a.seq, n), RangeError);
+    }
+    if (!atomicVersion(ns.version)) {
+      await assert.rejects(commit("a1", a.seq), (err: Error) => {
+        assert.ok(err instanceof RangeError);
+        assert.match(err.message, /need 2\.12 or later/);
+        return true;
+      });
+      assert.deepEqual(await values(), [undefined, undefined, undefined]);
+      return;
+    }
+    const a1 = await commit("a1", a.seq);
+    assert.ok("seq" in a1 && a1.count === 3, JSON.stringify(a1));
+    assert.deepEqual(await values(), ["a1", "a1", "a1"]);
+    const b = await take("b", a.seq);
+    assert.ok("seq" in b, JSON.stringify(b));
+    // A's late batch: refused whole, by the server.
+    assert.deepEqual(await commit("a2", a.seq), { conflict: b.seq });
+    assert.deepEqual(await values(), ["a1", "a1", "a1"]);
+    // One message is a batch too (first and commit at once).
+    const b1 = await commit("b1", b.seq, 1);
+    assert.ok("seq" in b1 && b1.count === 1, JSON.stringify(b1));
+    assert.deepEqual(await values(), ["b1", "a1", "a1"]);
     port.close?.();
   } finally {
     await nc.close();

@@ -524,9 +524,10 @@ describe("the marker proof on the simulated port", () => {
 });
 
 describe("the fenced write on the simulated port", () => {
-  // fenced_port_test.ts's scenario, on the simulator's port: stored under
-  // the tenure, refused with the displacing revision after a takeover, and
-  // refused before sending on a server that ignores the check.
+  // fenced_port_test.ts's scenarios, on the simulator's port: a write and
+  // a batch stored under the tenure, refused with the displacing revision
+  // after a takeover, and refused before sending on a server that ignores
+  // the check.
   const net: Network = {
     delay: () => 1,
     fate: () => "ok",
@@ -541,7 +542,7 @@ describe("the fenced write on the simulated port", () => {
     disturbed: () => {},
   };
   for (const version of ["2.15.2", "2.10.22"]) {
-    test(`Port.publish() on a simulated ${version}`, async () => {
+    test(`Port.publish() and Port.commit() on a simulated ${version}`, async () => {
       const sched = new Scheduler();
       const kv = new SimKv(sched, new Trace(false), "b", {
         maxAge: 1000,
@@ -550,6 +551,7 @@ describe("the fenced write on the simulated port", () => {
         late: () => 0,
         lags: [0],
         version,
+        atomic: version !== "2.10.22",
       });
       const node = new SimNode(
         sched,
@@ -590,20 +592,34 @@ describe("the fenced write on the simulated port", () => {
           fence: { subject: tenure, seq },
           timeout: 250,
         }));
-      const last = async () =>
-        (await settle(port.read(data, { leader: true }, 250)))?.value;
+      const commit = (text: string, seq: number) =>
+        settle(port.commit!({
+          writes: [data, kv.subject("data.y")].map((subject) => ({
+            subject,
+            data: new TextEncoder().encode(text),
+          })),
+          fence: { subject: tenure, seq },
+          timeout: 250,
+        }));
+      const last = async (subject = data) =>
+        (await settle(port.read(subject, { leader: true }, 250)))?.value;
       const a = await take(0);
       assert.ok("seq" in a);
       if (version === "2.10.22") {
         await assert.rejects(write("a1", a.seq), RangeError);
+        await assert.rejects(commit("a1", a.seq), RangeError);
         assert.equal(await last(), undefined);
         return;
       }
       assert.ok("seq" in await write("a1", a.seq));
+      const c1 = await commit("a2", a.seq);
+      assert.ok("count" in c1 && c1.count === 2, JSON.stringify(c1));
       const b = await take(a.seq);
       assert.ok("seq" in b);
-      assert.deepEqual(await write("a2", a.seq), { conflict: b.seq });
-      assert.equal(await last(), "a1");
+      assert.deepEqual(await write("a3", a.seq), { conflict: b.seq });
+      assert.deepEqual(await commit("a4", a.seq), { conflict: b.seq });
+      assert.equal(await last(), "a2");
+      assert.equal(await last(kv.subject("data.y")), "a2");
       assert.ok("seq" in await write("b1", b.seq));
       assert.equal(await last(), "b1");
     });

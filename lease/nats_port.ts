@@ -32,7 +32,9 @@ import {
 import { KV_OPERATION_HDR } from "./entry.ts";
 import {
   BucketGone,
+  type CommitResult,
   type LinkChange,
+  MAX_BATCH,
   type Port,
   type RawEntry,
   type WriteResult,
@@ -44,6 +46,7 @@ import {
   fenceVersion,
   type MarkerProof,
   markersVersion,
+  uncommittable,
   unfencedServer,
 } from "./servers.ts";
 import { ReplyTrust } from "./trust.ts";
@@ -251,6 +254,39 @@ function ackSeq(data: Uint8Array): number {
     seq = seq * 10 + c - 48;
   }
   return i > at + 6 ? seq : -1;
+}
+
+/**
+ * A batch message's reply: `undefined` for the empty one that stages a
+ * message, the commit's ack, or the conflict the fence met; throws any
+ * other error the server sent.
+ */
+function batchReply(msg: Msg): CommitResult | undefined {
+  if (msg.data.length === 0) {
+    const code = msg.headers?.code ?? 0;
+    if (code >= 300) {
+      throw code === 503 ? new NoRespondersError(msg.subject) : new Error(
+        `unexpected status ${code} ${msg.headers?.description ?? ""}`,
+      );
+    }
+    return undefined;
+  }
+  let v: { seq?: unknown; count?: unknown; error?: ApiError };
+  try {
+    v = JSON.parse(decoder.decode(msg.data));
+  } catch (err) {
+    throw new Error("invalid JetStream batch ack", { cause: err });
+  }
+  if (v.error) {
+    const err = new JetStreamApiError(v.error);
+    const at = conflictRevision(err);
+    if (at !== undefined) return { conflict: at };
+    throw err;
+  }
+  if (typeof v.seq === "number" && typeof v.count === "number") {
+    return { seq: v.seq, count: v.count };
+  }
+  throw new Error("invalid JetStream batch ack");
 }
 
 /** Settles `p` by an ack that {@linkcode ackSeq} did not read. */
@@ -471,6 +507,63 @@ export function natsPort(
         inbox.request(writePrefix + req.subject, req.data, h, req.timeout),
         applied,
         applied,
+        checkIdentity,
+      ).catch(failed);
+    },
+    commit(req) {
+      const n = req.writes.length;
+      const no = uncommittable(n, MAX_BATCH, nc.info?.version ?? "");
+      if (no !== undefined) return Promise.reject(no);
+      const id = crypto.randomUUID().replaceAll("-", "");
+      const headersOf = (i: number): MsgHdrs => {
+        const h = new MsgHdrsImpl();
+        h.headers.set("Nats-Batch-Id", [id]);
+        h.headers.set("Nats-Batch-Sequence", [String(i + 1)]);
+        if (i === n - 1) h.headers.set("Nats-Batch-Commit", ["1"]);
+        // Every message fenced, not only the first: a server that ignored
+        // the batch would then still refuse each late one.
+        h.headers.set(PubHeaders.ExpectedLastSubjectSequenceHdr, [
+          String(req.fence.seq),
+        ]);
+        h.headers.set(PubHeaders.ExpectedLastSubjectSequenceSubjectHdr, [
+          req.fence.subject,
+        ]);
+        return h;
+      };
+      const ask = (i: number) =>
+        nc.request(writePrefix + req.writes[i]!.subject, req.writes[i]!.data, {
+          headers: headersOf(i),
+          timeout: req.timeout,
+        });
+      // As nats.js's batch publisher sends one (its add() would drop the
+      // fence): the first message and the commit as requests, the others
+      // without a reply. The server stages the batch and answers the first
+      // with an empty message, or with the error that ends the batch.
+      const send = async (): Promise<CommitResult> => {
+        if (n > 1) {
+          const staged = batchReply(await ask(0));
+          if (staged !== undefined) return staged;
+          for (let i = 1; i < n - 1; i++) {
+            const w = req.writes[i]!;
+            nc.publish(writePrefix + w.subject, w.data, {
+              headers: headersOf(i),
+            });
+          }
+        }
+        const done = batchReply(await ask(n - 1));
+        if (done === undefined || ("seq" in done && done.count !== n)) {
+          throw new Error(
+            `invalid JetStream batch ack: ${
+              done === undefined ? "empty" : `${done.count} of ${n} messages`
+            }`,
+          );
+        }
+        return done;
+      };
+      return trust.settle(
+        send(),
+        (r) => "seq" in r,
+        (r) => "seq" in r,
         checkIdentity,
       ).catch(failed);
     },

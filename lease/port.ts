@@ -71,6 +71,31 @@ export interface PublishRequest {
   readonly timeout: number;
 }
 
+/** Writes stored all or none, each fenced (see {@linkcode Port.commit}). */
+export interface CommitRequest {
+  /** The messages, in order: 1 to {@linkcode MAX_BATCH}. */
+  readonly writes: readonly {
+    readonly subject: string;
+    readonly data: Uint8Array;
+  }[];
+  /** The check every message is stored under. */
+  readonly fence: Fence;
+  /** Milliseconds to wait for each reply before the batch counts as unanswered. */
+  readonly timeout: number;
+}
+
+/** The most messages nats-server takes in one atomic batch. */
+export const MAX_BATCH = 1000;
+
+/**
+ * What a commit's reply said: `{ seq, count }` when every message was
+ * stored (the last one's sequence, and how many); `{ conflict }` when the
+ * fence refused the batch, none of it stored.
+ */
+export type CommitResult = { readonly seq: number; readonly count: number } | {
+  readonly conflict: number;
+};
+
 /** A port's write or read found that the bucket's stream does not exist. */
 export class BucketGone extends Error {
   /** Makes the error. */
@@ -108,6 +133,18 @@ export interface Port {
    * before 2.11 ignores the check on another subject).
    */
   publish?(req: PublishRequest): Promise<WriteResult>;
+  /**
+   * Optional (issue 33, not used by the manager yet): commits `req.writes`
+   * as one atomic batch (nats-server 2.12 or later, a stream with
+   * `allow_atomic`), every message fenced by `req.fence`, so a batch is
+   * stored whole under the tenure or not at all; see
+   * {@linkcode CommitResult}. The reply gate holds back a commit as it does
+   * a write. Rejects with a `RangeError`, before anything is sent, for an
+   * empty batch or one above {@linkcode MAX_BATCH}, and on a server that
+   * cannot be proven to commit atomically (before 2.12 the batch headers
+   * are ignored and each message stored or refused on its own).
+   */
+  commit?(req: CommitRequest): Promise<CommitResult>;
   /**
    * The last entry on `subject` (or, with `seq`, the message at that
    * revision if it is on `subject`); `null` when there is none. With

@@ -296,6 +296,42 @@ export function fenceVersion(version: string): boolean {
   return c > 0 || (c === 0 && !parsed.pre);
 }
 
+/** The first release that commits a batch atomically (`allow_atomic`). */
+const ATOMIC_FIRST: Triple = [2, 12, 0];
+
+/** Whether a server version commits an atomic batch all or nothing. */
+export function atomicVersion(version: string): boolean {
+  const parsed = parseVersion(version);
+  if (parsed === undefined) return false;
+  const c = compare(parsed.v, ATOMIC_FIRST);
+  return c > 0 || (c === 0 && !parsed.pre);
+}
+
+/**
+ * Why both ports refuse a fenced commit before sending it: an empty batch,
+ * one above the server's limit, or a server before 2.12; `undefined` when
+ * it may go.
+ */
+export function uncommittable(
+  count: number,
+  max: number,
+  version: string,
+): RangeError | undefined {
+  if (!Number.isInteger(count) || count < 1 || count > max) {
+    return new RangeError(
+      `Cannot commit a batch of ${count} messages: a batch holds 1 to ${max}`,
+    );
+  }
+  if (!atomicVersion(version)) {
+    return new RangeError(
+      `Cannot commit an atomic batch as the server runs nats-server ${
+        version || "of an unknown version"
+      }: atomic batches need 2.12 or later, and an older server stores each message on its own`,
+    );
+  }
+  return undefined;
+}
+
 /**
  * The error both ports reject a fenced write with, before sending it, on a
  * server that does not honour the fence.

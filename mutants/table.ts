@@ -770,4 +770,22 @@ export const MUTANTS: readonly Mutant[] = [
     what:
       "the fence's revision is left out: the subject header alone, an error to the server, so no fenced write lands",
   },
+  {
+    id: "FP3",
+    file: "lease/nats_port.ts",
+    find: `        if (i === n - 1) h.headers.set("Nats-Batch-Commit", ["1"]);`,
+    replace: ``,
+    test: "fenced_port_test.ts",
+    what:
+      "the last message of a batch does not commit it: the server keeps it staged, and the commit never lands",
+  },
+  {
+    id: "FP4",
+    file: "lease/servers.ts",
+    find: `  const c = compare(parsed.v, ATOMIC_FIRST);`,
+    replace: `  const c = compare(parsed.v, FENCE_FIRST);`,
+    test: "fenced_port_test.ts",
+    what:
+      "atomic batches are taken for 2.11, which ignores the batch headers and stores each message on its own",
+  },
 ];

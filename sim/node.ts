@@ -57,14 +57,21 @@
  * @module
  */
 
-import type {
-  Port,
-  PublishRequest,
-  RawEntry,
-  WriteRequest,
-  WriteResult,
+import {
+  type CommitRequest,
+  type CommitResult,
+  MAX_BATCH,
+  type Port,
+  type PublishRequest,
+  type RawEntry,
+  type WriteRequest,
+  type WriteResult,
 } from "../lease/port.ts";
-import { fenceVersion, unfencedServer } from "../lease/servers.ts";
+import {
+  fenceVersion,
+  uncommittable,
+  unfencedServer,
+} from "../lease/servers.ts";
 import type { ReplyTrust } from "../lease/trust.ts";
 import type { SimKv, Stored } from "./kv.ts";
 import { keyOf } from "./kv.ts";
@@ -809,6 +816,74 @@ export class SimNode implements Target {
                 return new Error(`${r.description} (${r.refused})`);
               }
               return "seq" in r ? { seq: r.seq } : { conflict: r.conflict };
+            },
+          ),
+          applied,
+          applied,
+          () => this.#checkIdentity(key, req.timeout, begun),
+        );
+      },
+      commit: async (req: CommitRequest): Promise<CommitResult> => {
+        // As the production port: refused before sending when it cannot
+        // be committed atomically. Sent here as one request: the network's
+        // faults meet the batch as a whole (a lost request stores none of
+        // it, a lost reply leaves it committed, unknown to the sender), as
+        // the server's all-or-nothing commit makes them.
+        const no = uncommittable(
+          req.writes.length,
+          MAX_BATCH,
+          kv.cfg.version ?? "2.15.2",
+        );
+        if (no !== undefined) throw no;
+        const begun = sched.now;
+        const key = keyOf(req.writes[0]!.subject);
+        const sendLocal = this.local();
+        const decoder = new TextDecoder();
+        const what = () =>
+          `fenced commit of ${req.writes.length} on ${req.fence.subject} @${req.fence.seq}`;
+        const applied = (r: CommitResult) => "seq" in r;
+        return await this.#trust.settle(
+          this.#request<CommitResult>(
+            "write",
+            key,
+            req.timeout,
+            what,
+            () => {
+              const r = kv.batch(
+                req.writes.map((w) => ({
+                  subject: w.subject,
+                  op: "PUT" as const,
+                  value: decoder.decode(w.data),
+                  expect: req.fence.seq,
+                  expectSubject: req.fence.subject,
+                })),
+                this.label,
+                sendLocal,
+              );
+              this.#trace.add(
+                sched.now,
+                key,
+                "server",
+                () =>
+                  `${this.label} ${what()}: ${
+                    r === "gone"
+                      ? "stream not found"
+                      : "count" in r
+                      ? `committed @${r.seq}`
+                      : "conflict" in r
+                      ? `wrong last sequence: ${r.conflict}`
+                      : "refused" in r
+                      ? `refused (${r.refused})`
+                      : "not atomic"
+                  }`,
+              );
+              if (r === "gone") return new this.#BucketGone();
+              if ("count" in r) return { seq: r.seq, count: r.count };
+              if ("conflict" in r) return { conflict: r.conflict };
+              if ("refused" in r) {
+                return new Error(`${r.description} (${r.refused})`);
+              }
+              return new Error("the batch was not committed atomically");
             },
           ),
           applied,
