@@ -1424,12 +1424,17 @@ export class Manager extends EventTarget implements LeaseManager {
    * next one, so a hot key costs one round trip per batch, not per guard,
    * and no guard's CAS fails another's.
    */
-  #sync(st: KeyState, signal: AbortSignal | undefined): Promise<void> {
+  #sync(
+    st: KeyState,
+    signal: AbortSignal | undefined,
+    renewal = false,
+  ): Promise<void> {
     let b = st.next;
-    if (!b) {
-      b = st.next = batch();
-      if (!st.busy) void this.#pump(st);
-    }
+    const fresh = b === undefined;
+    b ??= st.next = batch();
+    // Counted before the pump starts: it runs up to its first await now.
+    if (!renewal) b.callers++;
+    if (fresh && !st.busy) void this.#pump(st);
     return signal ? raceAbort(b.promise, signal) : b.promise;
   }
 
@@ -1446,7 +1451,14 @@ export class Manager extends EventTarget implements LeaseManager {
         // and claim the key again once it has finished.
         const timed = st.renewalDue;
         st.renewalDue = false;
-        if (!this.#givenUp(st)) {
+        // The renewal timer's batch for a key lost while it waited its
+        // turn (the operation before it found the key gone) has nothing to
+        // renew, and must not acquire: that would take the key back for
+        // no caller, and hold it, renewed, from every other node, while a
+        // waiter of this manager, asleep on the key's watch, sees our new
+        // entry as a renewal of the old one and never wakes (CI saw a
+        // campaign lead no more after a server restart).
+        if (!this.#givenUp(st) && (st.held || b.callers > 0)) {
           if (st.held) {
             // Timed only when a listener will hear of it: a CAS guard's
             // batch reads no clock for this.
@@ -1924,6 +1936,13 @@ export class Manager extends EventTarget implements LeaseManager {
     st.notBefore = grace > 0 ? this.#port.now() + grace : 0;
     this.#emit(new LeaseAcquiredEvent(st.key, seq, t.id, grace, found));
     this.#confirmed(st, sent);
+    // Our waiters on the key retry now, and find it ours (in its grace, or
+    // ready): when the entry before was ours too, the watch takes the new
+    // one for a renewal of it and wakes nobody, and our renewals keep
+    // moving its fallback timer, so an acquire made for another caller
+    // (held(), a guard that does not wait) would leave them asleep.
+    const kw = this.#watches.get(st.key);
+    if (kw !== undefined && kw.waiters.size > 0) this.#wake(kw);
   }
 
   /** A CAS sent at `sent` succeeded: we hold the key until `sent + ttl`. */
@@ -2037,7 +2056,7 @@ export class Manager extends EventTarget implements LeaseManager {
     if (st.renewAt > now) this.#plan(st, st.renewAt);
     else {
       st.renewalDue = true;
-      void this.#sync(st, undefined);
+      void this.#sync(st, undefined, true);
     }
   }
 

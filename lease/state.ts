@@ -8,6 +8,11 @@ interface Batch {
   promise: Promise<void>;
   resolve: () => void;
   reject: (err: unknown) => void;
+  /**
+   * The callers that asked for it other than the renewal timer (a guard,
+   * `held()`): only they may have it acquire a key that is not held.
+   */
+  callers: number;
 }
 
 export function batch(): Batch {
@@ -20,7 +25,7 @@ export function batch(): Batch {
   // A batch nobody awaits (a background renewal) must not surface as an
   // unhandled rejection.
   promise.catch(() => {});
-  return { promise, resolve, reject };
+  return { promise, resolve, reject, callers: 0 };
 }
 
 /**
