@@ -1,4 +1,4 @@
-// The README's leader.js through a 35 s server outage, as the machine's own
+// The README's leader.js through a 60 s server outage, as the machine's own
 // Node runs it (Debian 12's Node 20 when there is one, as readme_test.ts
 // does). nats.js gives up reconnecting after 10 tries by default: a campaign
 // over a connection closed for good then ends with an UnavailableError,
@@ -7,7 +7,8 @@
 // through the whole outage, no stack trace, leading again once the server
 // is back on the same port and store.
 //
-// About 60 s: the outage alone is 35 s, so it runs in one leg.
+// About 90 s: the outage alone is 60 s (issue 34 asks for that), so it runs
+// in one leg.
 // test.sh: node only
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -24,9 +25,10 @@ import { DEFAULT_TTL } from "./lease.ts";
 import { NatsServer } from "./test_util/nats_server.ts";
 
 const root = fileURLToPath(new URL(".", import.meta.url));
-// Longer than nats.js's default reconnect budget (10 tries 2 s apart, given
-// up about 23 s in) and than two TTLs: the lease is lost in it.
-const OUTAGE_MS = 35_000;
+// Issue 34's 60 s: longer than nats.js's default reconnect budget (10 tries
+// 2 s apart, given up about 23 s in) and than two TTLs, so the lease is
+// lost in it.
+const OUTAGE_MS = 60_000;
 
 /** Observes leader.js's manager and connection, into trace.log. */
 const TRACE = `
