@@ -148,7 +148,10 @@
  *    deadline passed may still succeed (a replica late to expire, or a
  *    re-created bucket that reached our revision again), but we cannot know
  *    what happened while we did not vouch: it starts a new tenure, with a
- *    new epoch and the two-TTL grace of an unexplained gap.
+ *    new epoch and the two-TTL grace of an unexplained gap. A renewal never
+ *    takes a key that is not held: when the operation before it found the
+ *    tenure over, it does nothing, and only a caller (a guard, `held()`)
+ *    acquires.
  * 7. **A bucket that disappears stops the manager for good.** It is seen
  *    when a request finds no stream; when revisions go backwards (within
  *    one stream they only grow); and, after any unanswered request or,
@@ -169,10 +172,12 @@
  *    after the holder's last renewal was seen, when its entry has stood
  *    still that long; and, where no marker will come, reads every 25 ms
  *    for at most 600 ms after that, as servers before 2.11 send nothing
- *    when an entry expires); a renewal by the same holder only moves that
- *    timer. A waiter that found the server unavailable backs off (50 ms,
- *    doubling to TTL/3), but such news, or the connection coming back,
- *    wakes it sooner. The one thing it feeds into a decision is when a
+ *    when an entry expires; and this manager taking the key itself, for
+ *    any of its callers); a renewal by the same holder only moves that
+ *    timer (which is why our own new entry after our old one, seen as such
+ *    a renewal, must wake our waiters at the take instead). A waiter that
+ *    found the server unavailable backs off (50 ms, doubling to TTL/3), but
+ *    such news, or the connection coming back, wakes it sooner. The one thing it feeds into a decision is when a
  *    holder's revision was first seen, which the stood-still rule of 3
  *    counts from:
  *    the watch delivers an entry only after its holder sent it, so that
