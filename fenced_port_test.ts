@@ -12,6 +12,7 @@
 import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { createLeaseManager } from "./mod.ts";
 import { natsPort } from "./lease/nats_port.ts";
@@ -42,42 +43,64 @@ test("fenceVersion() and atomicVersion(): the check on another subject from 2.11
   }
 });
 
+/**
+ * A lease bucket made by the manager (with `allow_atomic` when `atomic`),
+ * the production port on it, its tenure entry `k`, and a compare-and-set
+ * that takes `k` for `value` over revision `expect`.
+ */
+async function fencedBucket(nc: NatsConnection, atomic: boolean) {
+  const bucket = uniq("fp");
+  await (await createLeaseManager({ nc, node: "maker", bucket, ttl: 5000 }))
+    .close();
+  const jsm = await jetstreamManager(nc);
+  const stream = `KV_${bucket}`;
+  let si = await jsm.streams.info(stream);
+  if (atomic) {
+    // Atomic batches are off by default; a fenced bucket turns them on.
+    si = await jsm.streams.update(
+      stream,
+      {
+        ...si.config,
+        allow_atomic: true,
+      } as Parameters<typeof jsm.streams.update>[1],
+    );
+  }
+  const port = natsPort(
+    nc,
+    jetstream(nc),
+    jsm,
+    stream,
+    si.config.allow_direct === true,
+    si.created,
+    5000,
+    { life: 0, peers: new Set() },
+    { pending: [], casCheck: false },
+  );
+  const tenure = `$KV.${bucket}.k`;
+  const take = (value: string, expect: number) =>
+    port.write({
+      subject: tenure,
+      op: "PUT",
+      value: enc.encode(value),
+      expect,
+      msgId: uniq("m"),
+      timeout: 5000,
+    });
+  const last = async (subject: string) =>
+    (await port.read(subject, { leader: true }, 5000))?.value;
+  return { bucket, port, tenure, take, last };
+}
+
 test("a fenced write is stored under its tenure and refused, by the server, once a takeover moved the tenure's entry; a server before 2.11 gets none", async () => {
   await using ns = await NatsServer.start();
   const nc = await connect({ servers: ns.url });
   try {
-    const bucket = uniq("fp");
-    // The manager makes the bucket as it makes every lease bucket.
-    await (await createLeaseManager({ nc, node: "maker", bucket, ttl: 5000 }))
-      .close();
-    const jsm = await jetstreamManager(nc);
-    const stream = `KV_${bucket}`;
-    const si = await jsm.streams.info(stream);
-    const port = natsPort(
+    const { bucket, port, tenure, take, last: lastOf } = await fencedBucket(
       nc,
-      jetstream(nc),
-      jsm,
-      stream,
-      si.config.allow_direct === true,
-      si.created,
-      5000,
-      { life: 0, peers: new Set() },
-      { pending: [], casCheck: false },
+      false,
     );
-    const tenure = `$KV.${bucket}.k`;
     const data = `$KV.${bucket}.data.x`;
-    const last = async () =>
-      (await port.read(data, { leader: true }, 5000))
-        ?.value;
-    const take = (value: string, expect: number) =>
-      port.write({
-        subject: tenure,
-        op: "PUT",
-        value: enc.encode(value),
-        expect,
-        msgId: uniq("m"),
-        timeout: 5000,
-      });
+    const last = () => lastOf(data);
     const write = (text: string, seq: number) =>
       port.publish!({
         subject: data,
@@ -126,48 +149,9 @@ test("a fenced commit is stored whole under its tenure and refused whole once a 
   await using ns = await NatsServer.start();
   const nc = await connect({ servers: ns.url });
   try {
-    const bucket = uniq("fc");
-    await (await createLeaseManager({ nc, node: "maker", bucket, ttl: 5000 }))
-      .close();
-    const jsm = await jetstreamManager(nc);
-    const stream = `KV_${bucket}`;
-    // Atomic batches are off by default; a fenced bucket turns them on.
-    let si = await jsm.streams.info(stream);
-    si = await jsm.streams.update(
-      stream,
-      {
-        ...si.config,
-        allow_atomic: true,
-      } as Parameters<typeof jsm.streams.update>[1],
-    );
-    const port = natsPort(
-      nc,
-      jetstream(nc),
-      jsm,
-      stream,
-      si.config.allow_direct === true,
-      si.created,
-      5000,
-      { life: 0, peers: new Set() },
-      { pending: [], casCheck: false },
-    );
-    const tenure = `$KV.${bucket}.k`;
+    const { bucket, port, tenure, take, last } = await fencedBucket(nc, true);
     const keys = ["a", "b", "c"].map((k) => `$KV.${bucket}.data.${k}`);
-    const values = async () =>
-      await Promise.all(
-        keys.map(async (k) =>
-          (await port.read(k, { leader: true }, 5000))?.value
-        ),
-      );
-    const take = (value: string, expect: number) =>
-      port.write({
-        subject: tenure,
-        op: "PUT",
-        value: enc.encode(value),
-        expect,
-        msgId: uniq("m"),
-        timeout: 5000,
-      });
+    const values = () => Promise.all(keys.map(last));
     const commit = (text: string, seq: number, n = keys.length) =>
       port.commit!({
         writes: Array.from({ length: n }, (_, i) => ({

@@ -449,24 +449,26 @@ describe("check()", () => {
   });
 });
 
+/** A network of 1 ms hops that loses nothing, for the ports' unit tests. */
+const net: Network = {
+  delay: () => 1,
+  fate: () => "ok",
+  lateBy: () => 1,
+  timerLate: () => 0,
+  replica: () => 0,
+  freeze: false,
+  timersFirst: false,
+  crossedReply: () => true,
+  sent: () => {},
+  replied: () => {},
+  disturbed: () => {},
+};
+
 describe("the marker proof on the simulated port", () => {
   // A manager whose start-up proved markers of one TTL takes a never-used
   // key: at once when the proof sent with its compare-and-set says so; with
   // the whole grace when the markers were removed since, or when the port
   // cannot prove them (no Port.markerLife).
-  const net: Network = {
-    delay: () => 1,
-    fate: () => "ok",
-    lateBy: () => 1,
-    timerLate: () => 0,
-    replica: () => 0,
-    freeze: false,
-    timersFirst: false,
-    crossedReply: () => true,
-    sent: () => {},
-    replied: () => {},
-    disturbed: () => {},
-  };
   for (
     const [what, removed, withOp] of [
       ["markers as at start-up", false, true],
@@ -528,19 +530,6 @@ describe("the fenced write on the simulated port", () => {
   // a batch stored under the tenure, refused with the displacing revision
   // after a takeover, and refused before sending on a server that ignores
   // the check.
-  const net: Network = {
-    delay: () => 1,
-    fate: () => "ok",
-    lateBy: () => 1,
-    timerLate: () => 0,
-    replica: () => 0,
-    freeze: false,
-    timersFirst: false,
-    crossedReply: () => true,
-    sent: () => {},
-    replied: () => {},
-    disturbed: () => {},
-  };
   for (const version of ["2.15.2", "2.10.22"]) {
     test(`Port.publish() and Port.commit() on a simulated ${version}`, async () => {
       const sched = new Scheduler();

@@ -33,8 +33,8 @@ import { KV_OPERATION_HDR } from "./entry.ts";
 import {
   BucketGone,
   type CommitResult,
+  type Fence,
   type LinkChange,
-  MAX_BATCH,
   type Port,
   type RawEntry,
   type WriteResult,
@@ -257,6 +257,21 @@ function ackSeq(data: Uint8Array): number {
 }
 
 /**
+ * The two headers of a fence, filled directly as `write` fills its own:
+ * the revision, and the other subject it is checked on (2.11+).
+ */
+function fenceHeaders(fence: Fence): MsgHdrsImpl {
+  const h = new MsgHdrsImpl();
+  h.headers.set(PubHeaders.ExpectedLastSubjectSequenceHdr, [
+    String(fence.seq),
+  ]);
+  h.headers.set(PubHeaders.ExpectedLastSubjectSequenceSubjectHdr, [
+    fence.subject,
+  ]);
+  return h;
+}
+
+/**
  * A batch message's reply: `undefined` for the empty one that stages a
  * message, the commit's ack, or the conflict the fence met; throws any
  * other error the server sent.
@@ -460,6 +475,19 @@ export function natsPort(
     return await gone(err);
   };
   const applied = (res: WriteResult) => "seq" in res;
+  // A write through the shared reply subscription, behind the reply gate.
+  const send = (
+    subject: string,
+    data: Uint8Array,
+    h: MsgHdrs,
+    timeout: number,
+  ): Promise<WriteResult> =>
+    trust.settle(
+      inbox.request(writePrefix + subject, data, h, timeout),
+      applied,
+      applied,
+      checkIdentity,
+    ).catch(failed);
   return {
     now: () => performance.now(),
     setTimer: (fn, ms) => setTimeout(fn, ms),
@@ -477,12 +505,7 @@ export function natsPort(
         String(req.expect),
       ]);
       if (req.op === "DEL") h.headers.set(KV_OPERATION_HDR, ["DEL"]);
-      return trust.settle(
-        inbox.request(writePrefix + req.subject, req.value, h, req.timeout),
-        applied,
-        applied,
-        checkIdentity,
-      ).catch(failed);
+      return send(req.subject, req.value, h, req.timeout);
     },
     publish(req) {
       // Judged by the server this connection is on. Of a cluster, only it
@@ -493,41 +516,24 @@ export function natsPort(
       if (!fenceVersion(version)) {
         return Promise.reject(unfencedServer(req.subject, version));
       }
-      const h = new MsgHdrsImpl();
+      const h = fenceHeaders(req.fence);
       if (req.msgId !== undefined) {
         h.headers.set(PubHeaders.MsgIdHdr, [req.msgId]);
       }
-      h.headers.set(PubHeaders.ExpectedLastSubjectSequenceHdr, [
-        String(req.fence.seq),
-      ]);
-      h.headers.set(PubHeaders.ExpectedLastSubjectSequenceSubjectHdr, [
-        req.fence.subject,
-      ]);
-      return trust.settle(
-        inbox.request(writePrefix + req.subject, req.data, h, req.timeout),
-        applied,
-        applied,
-        checkIdentity,
-      ).catch(failed);
+      return send(req.subject, req.data, h, req.timeout);
     },
     commit(req) {
       const n = req.writes.length;
-      const no = uncommittable(n, MAX_BATCH, nc.info?.version ?? "");
+      const no = uncommittable(n, nc.info?.version ?? "");
       if (no !== undefined) return Promise.reject(no);
       const id = crypto.randomUUID().replaceAll("-", "");
+      // Every message fenced, not only the first: a server that ignored
+      // the batch would then still refuse each late one.
       const headersOf = (i: number): MsgHdrs => {
-        const h = new MsgHdrsImpl();
+        const h = fenceHeaders(req.fence);
         h.headers.set("Nats-Batch-Id", [id]);
         h.headers.set("Nats-Batch-Sequence", [String(i + 1)]);
         if (i === n - 1) h.headers.set("Nats-Batch-Commit", ["1"]);
-        // Every message fenced, not only the first: a server that ignored
-        // the batch would then still refuse each late one.
-        h.headers.set(PubHeaders.ExpectedLastSubjectSequenceHdr, [
-          String(req.fence.seq),
-        ]);
-        h.headers.set(PubHeaders.ExpectedLastSubjectSequenceSubjectHdr, [
-          req.fence.subject,
-        ]);
         return h;
       };
       const ask = (i: number) =>

@@ -2,6 +2,7 @@ import { createInbox, type Msg, type NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StreamInfo } from "@nats-io/jetstream";
 import { isTimeout, within } from "./_nats.ts";
 import { errText } from "./errors.ts";
+import { MAX_BATCH } from "./port.ts";
 
 // ---------------------------------------------------------------------------
 // Replicated buckets: nats-server before 2.9.21 lets two compare-and-set
@@ -269,15 +270,23 @@ export async function unsafeReplicaReason(
     : `${subject}: ${problems.join("; ")}.`;
 }
 
+/**
+ * Whether `version` is release `first` or later; a pre-release of `first`
+ * itself does not count.
+ */
+function releaseAtLeast(version: string, first: Triple): boolean {
+  const parsed = parseVersion(version);
+  if (parsed === undefined) return false;
+  const c = compare(parsed.v, first);
+  return c > 0 || (c === 0 && !parsed.pre);
+}
+
 /** The first release whose markers are right for TTL expiries and in clusters. */
 const MARKERS_FIXED: Triple = [2, 11, 2];
 
 /** Whether a server version has trustworthy subject delete markers. */
 export function markersVersion(version: string): boolean {
-  const parsed = parseVersion(version);
-  if (parsed === undefined) return false;
-  const c = compare(parsed.v, MARKERS_FIXED);
-  return c > 0 || (c === 0 && !parsed.pre);
+  return releaseAtLeast(version, MARKERS_FIXED);
 }
 
 /**
@@ -290,10 +299,7 @@ const FENCE_FIRST: Triple = [2, 11, 0];
 
 /** Whether a server version honours a fence (the check on another subject). */
 export function fenceVersion(version: string): boolean {
-  const parsed = parseVersion(version);
-  if (parsed === undefined) return false;
-  const c = compare(parsed.v, FENCE_FIRST);
-  return c > 0 || (c === 0 && !parsed.pre);
+  return releaseAtLeast(version, FENCE_FIRST);
 }
 
 /** The first release that commits a batch atomically (`allow_atomic`). */
@@ -301,10 +307,7 @@ const ATOMIC_FIRST: Triple = [2, 12, 0];
 
 /** Whether a server version commits an atomic batch all or nothing. */
 export function atomicVersion(version: string): boolean {
-  const parsed = parseVersion(version);
-  if (parsed === undefined) return false;
-  const c = compare(parsed.v, ATOMIC_FIRST);
-  return c > 0 || (c === 0 && !parsed.pre);
+  return releaseAtLeast(version, ATOMIC_FIRST);
 }
 
 /**
@@ -314,12 +317,11 @@ export function atomicVersion(version: string): boolean {
  */
 export function uncommittable(
   count: number,
-  max: number,
   version: string,
 ): RangeError | undefined {
-  if (!Number.isInteger(count) || count < 1 || count > max) {
+  if (!Number.isInteger(count) || count < 1 || count > MAX_BATCH) {
     return new RangeError(
-      `Cannot commit a batch of ${count} messages: a batch holds 1 to ${max}`,
+      `Cannot commit a batch of ${count} messages: a batch holds 1 to ${MAX_BATCH}`,
     );
   }
   if (!atomicVersion(version)) {

@@ -750,10 +750,9 @@ export const MUTANTS: readonly Mutant[] = [
   {
     id: "FP1",
     file: "lease/nats_port.ts",
-    find:
-      `      h.headers.set(PubHeaders.ExpectedLastSubjectSequenceSubjectHdr, [
-        req.fence.subject,
-      ]);`,
+    find: `  h.headers.set(PubHeaders.ExpectedLastSubjectSequenceSubjectHdr, [
+    fence.subject,
+  ]);`,
     replace: ``,
     test: "fenced_port_test.ts",
     what:
@@ -762,9 +761,9 @@ export const MUTANTS: readonly Mutant[] = [
   {
     id: "FP2",
     file: "lease/nats_port.ts",
-    find: `      h.headers.set(PubHeaders.ExpectedLastSubjectSequenceHdr, [
-        String(req.fence.seq),
-      ]);`,
+    find: `  h.headers.set(PubHeaders.ExpectedLastSubjectSequenceHdr, [
+    String(fence.seq),
+  ]);`,
     replace: ``,
     test: "fenced_port_test.ts",
     what:
@@ -782,8 +781,8 @@ export const MUTANTS: readonly Mutant[] = [
   {
     id: "FP4",
     file: "lease/servers.ts",
-    find: `  const c = compare(parsed.v, ATOMIC_FIRST);`,
-    replace: `  const c = compare(parsed.v, FENCE_FIRST);`,
+    find: `  return releaseAtLeast(version, ATOMIC_FIRST);`,
+    replace: `  return releaseAtLeast(version, FENCE_FIRST);`,
     test: "fenced_port_test.ts",
     what:
       "atomic batches are taken for 2.11, which ignores the batch headers and stores each message on its own",

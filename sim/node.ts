@@ -57,15 +57,14 @@
  * @module
  */
 
-import {
-  type CommitRequest,
-  type CommitResult,
-  MAX_BATCH,
-  type Port,
-  type PublishRequest,
-  type RawEntry,
-  type WriteRequest,
-  type WriteResult,
+import type {
+  CommitRequest,
+  CommitResult,
+  Port,
+  PublishRequest,
+  RawEntry,
+  WriteRequest,
+  WriteResult,
 } from "../lease/port.ts";
 import {
   fenceVersion,
@@ -829,11 +828,7 @@ export class SimNode implements Target {
         // faults meet the batch as a whole (a lost request stores none of
         // it, a lost reply leaves it committed, unknown to the sender), as
         // the server's all-or-nothing commit makes them.
-        const no = uncommittable(
-          req.writes.length,
-          MAX_BATCH,
-          kv.cfg.version ?? "2.15.2",
-        );
+        const no = uncommittable(req.writes.length, kv.cfg.version ?? "2.15.2");
         if (no !== undefined) throw no;
         const begun = sched.now;
         const key = keyOf(req.writes[0]!.subject);
