@@ -18,10 +18,18 @@ import { createLeaseManager } from "./mod.ts";
 import { natsPort } from "./lease/nats_port.ts";
 import { MAX_BATCH } from "./lease/port.ts";
 import { atomicVersion, fenceVersion } from "./lease/servers.ts";
+import { signal, startChild } from "./test_util/child.ts";
 import { uniq } from "./test_util/lease_helpers.ts";
-import { NatsServer } from "./test_util/nats_server.ts";
+import {
+  NatsCluster,
+  NatsServer,
+  pauseProcess,
+  resumeProcess,
+} from "./test_util/nats_server.ts";
 
 const enc = new TextEncoder();
+const RESPONDER = new URL("./test_util/responder_child.ts", import.meta.url)
+  .pathname;
 
 test("fenceVersion() and atomicVersion(): the check on another subject from 2.11.0, atomic batches from 2.12.0, neither in a pre-release of that first release", () => {
   for (
@@ -189,6 +197,132 @@ test("a fenced commit is stored whole under its tenure and refused whole once a 
     assert.deepEqual(await values(), ["b1", "a1", "a1"]);
     port.close?.();
   } finally {
+    await nc.close();
+  }
+});
+
+/** The production port on `nc`, for `serve` and `probe` (no stream used). */
+async function barePort(nc: NatsConnection) {
+  return natsPort(
+    nc,
+    jetstream(nc),
+    await jetstreamManager(nc),
+    "unused",
+    false,
+    "",
+    5000,
+    { life: 0, peers: new Set() },
+    { pending: [], casCheck: false },
+  );
+}
+
+/**
+ * Probes `subject` every few milliseconds (20 ms timeouts) until `want`,
+ * for at most `ms`; returns how long that took and what came before.
+ */
+async function probeUntil(
+  port: Awaited<ReturnType<typeof barePort>>,
+  subject: string,
+  want: string,
+  ms = 3000,
+) {
+  const t0 = performance.now();
+  const before: string[] = [];
+  for (;;) {
+    const r = await port.probe!(subject, 20);
+    if (r === want) return { ms: performance.now() - t0, before };
+    before.push(r);
+    if (performance.now() - t0 > ms) {
+      assert.fail(`no '${want}' within ${ms} ms: ${before.join(", ")}`);
+    }
+    await new Promise((r) => setTimeout(r, 2));
+  }
+}
+
+test("a session's probe: 'alive' while its responder's connection lasts, 'unknown' and never 'gone' while that process is paused, 'gone' within milliseconds of a SIGKILL, a close or a stop", async () => {
+  await using ns = await NatsServer.start();
+  const nc = await connect({ servers: ns.url });
+  const nc2 = await connect({ servers: ns.url });
+  const subject = "$LEASE.fp.probe.child";
+  const child = startChild(RESPONDER, {
+    NATS_URL: ns.url,
+    PROBE_SUBJECT: subject,
+  });
+  try {
+    const port = await barePort(nc);
+    assert.equal(await port.probe!("$LEASE.fp.probe.nobody", 2000), "gone");
+    await child.until((e) => e.ev === "serving");
+    assert.equal(await port.probe!(subject, 2000), "alive");
+
+    // Paused: the server still has its connection and delivers the
+    // request, which nobody answers. A timeout proves nothing: "unknown".
+    await pauseProcess(child.pid);
+    for (let i = 0; i < 3; i++) {
+      assert.equal(await port.probe!(subject, 200), "unknown");
+    }
+    await resumeProcess(child.pid);
+    assert.equal(await port.probe!(subject, 2000), "alive");
+
+    // In this process: a stop, then a close, each seen by the server.
+    const port2 = await barePort(nc2);
+    const own = "$LEASE.fp.probe.own";
+    const r = await port2.serve!(own);
+    assert.equal(await port.probe!(own, 2000), "alive");
+    r.stop();
+    await nc2.flush();
+    assert.equal(await port.probe!(own, 2000), "gone");
+    await port2.serve!(own);
+    assert.equal(await port.probe!(own, 2000), "alive");
+    await nc2.close();
+    await probeUntil(port, own, "gone");
+    await assert.rejects(port2.serve!(own));
+
+    // Killed: its socket closes, and the server answers "no responders".
+    signal(child.pid, "SIGKILL");
+    const { ms, before } = await probeUntil(port, subject, "gone");
+    console.log(
+      `first 'gone' ${ms.toFixed(1)} ms after the SIGKILL (before it: ${
+        before.join(", ") || "nothing"
+      })`,
+    );
+  } finally {
+    await child.stop();
+    await nc.close();
+    if (!nc2.isClosed()) await nc2.close();
+  }
+});
+
+test("a session's probe across a cluster's route: 'alive' through another server once the interest crossed, 'gone' soon after the holder's SIGKILL", async () => {
+  await using cluster = await NatsCluster.start(3);
+  const [a, , c] = cluster.servers;
+  const nc = await connect({ servers: c!.url });
+  const subject = `$LEASE.${uniq("fp")}.probe.s`;
+  const child = startChild(RESPONDER, {
+    NATS_URL: a!.url,
+    PROBE_SUBJECT: subject,
+  });
+  try {
+    const port = await barePort(nc);
+    await child.until((e) => e.ev === "serving");
+    // The interest crosses the route after the responder's server has it:
+    // a probe through another server may see "gone" for that moment.
+    const up = await probeUntil(port, subject, "alive");
+    console.log(
+      `'alive' through another server ${
+        up.ms.toFixed(1)
+      } ms after the responder's server had it (before: ${
+        up.before.join(", ") || "nothing"
+      })`,
+    );
+    signal(child.pid, "SIGKILL");
+    const down = await probeUntil(port, subject, "gone");
+    console.log(
+      `first 'gone' through another server ${
+        down.ms.toFixed(1)
+      } ms after the SIGKILL`,
+    );
+  } finally {
+    await child.stop();
     await nc.close();
   }
 });

@@ -573,6 +573,30 @@ export function natsPort(
         checkIdentity,
       ).catch(failed);
     },
+    async serve(subject) {
+      // A plain subscription on this connection: the server drops it the
+      // moment it sees the connection close (a process killed, a socket
+      // reset), and then answers a probe "no responders" at once. nats.js
+      // subscribes again after a reconnect. The flush's PONG comes after
+      // the server processed the SUB.
+      const sub = nc.subscribe(subject, {
+        callback: (err, msg) => {
+          if (err === null) msg.respond();
+        },
+      });
+      await nc.flush();
+      return { stop: () => sub.unsubscribe() };
+    },
+    async probe(subject, timeout) {
+      try {
+        await nc.request(subject, undefined, { timeout });
+        return "alive";
+      } catch (err) {
+        // Only the server's immediate "no responders" says anything: a
+        // timeout is what a paused or cut-off holder looks like too.
+        return isNoResponders(err) ? "gone" : "unknown";
+      }
+    },
     read,
     watch(subject, onEntry, onGone) {
       // Asked only after the watch's consumer failed: one stream info.

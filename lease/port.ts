@@ -96,6 +96,21 @@ export type CommitResult = { readonly seq: number; readonly count: number } | {
   readonly conflict: number;
 };
 
+/**
+ * What a probe of a session's responder learned (see {@linkcode Port.probe}):
+ * `"alive"` when it answered; `"gone"` when the server said at once that
+ * nothing listens on the subject (the responder's connection is closed, or
+ * was never there); `"unknown"` when nothing came in time (a paused or
+ * cut-off holder, a lost request, a slow route), which proves nothing.
+ */
+export type ProbeResult = "alive" | "gone" | "unknown";
+
+/** A responder started by {@linkcode Port.serve}. */
+export interface Responder {
+  /** Ends it: the subscription is removed, and probes get `"gone"` once the server has seen that. */
+  stop(): void;
+}
+
 /** A port's write or read found that the bucket's stream does not exist. */
 export class BucketGone extends Error {
   /** Makes the error. */
@@ -145,6 +160,26 @@ export interface Port {
    * are ignored and each message stored or refused on its own).
    */
   commit?(req: CommitRequest): Promise<CommitResult>;
+  /**
+   * Optional (issue 33, not used by the manager yet): answers every request
+   * on `subject` (a session's probe subject, outside the stream) with an
+   * empty reply, for as long as this connection is up, so that a probe
+   * from elsewhere tells a closed connection from a live one. Resolves once
+   * the server this connection is on has the subscription (a probe through
+   * that server cannot get `"gone"` from then on while the connection
+   * lasts; through another server of a cluster, once the interest has
+   * crossed the route). After a reconnect the client subscribes again; a
+   * probe in between gets `"gone"`. Rejects when the connection is closed.
+   */
+  serve?(subject: string): Promise<Responder>;
+  /**
+   * Optional (issue 33, not used by the manager yet): one request to
+   * `subject`, answered by its {@linkcode Port.serve} responder; see
+   * {@linkcode ProbeResult}. Never rejects. Only `"gone"` says anything
+   * about the holder, and only that its connection is not at the server:
+   * a takeover on it is for fenced keys alone (the safety argument's F5).
+   */
+  probe?(subject: string, timeout: number): Promise<ProbeResult>;
   /**
    * The last entry on `subject` (or, with `seq`, the message at that
    * revision if it is on `subject`); `null` when there is none. With

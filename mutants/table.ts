@@ -787,4 +787,22 @@ export const MUTANTS: readonly Mutant[] = [
     what:
       "atomic batches are taken for 2.11, which ignores the batch headers and stores each message on its own",
   },
+  {
+    id: "FP5",
+    file: "lease/nats_port.ts",
+    find: `        return isNoResponders(err) ? "gone" : "unknown";`,
+    replace: `        return "gone";`,
+    test: "fenced_port_test.ts",
+    what:
+      "a probe's timeout counts as 'gone': a paused holder, still connected, would be displaced as if it were dead",
+  },
+  {
+    id: "FP6",
+    file: "lease/nats_port.ts",
+    find: `          if (err === null) msg.respond();`,
+    replace: `          if (err !== null) msg.respond();`,
+    test: "fenced_port_test.ts",
+    what:
+      "the responder never answers: a live holder looks paused to every probe",
+  },
 ];

@@ -1,0 +1,32 @@
+/**
+ * A session's responder in a process of its own (issue 33, step 2), so that
+ * `fenced_port_test.ts` can SIGSTOP and SIGKILL it: connects to NATS_URL,
+ * serves PROBE_SUBJECT through the production port's `serve`, and prints
+ * `{"ev":"serving"}` once the server has the subscription. It then waits to
+ * be killed.
+ *
+ * @module
+ */
+
+import { connect } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { natsPort } from "../lease/nats_port.ts";
+import { env, say } from "./child_preamble.ts";
+
+const nc = await connect({ servers: env.NATS_URL!.split(",") });
+// `serve` needs only the connection: the stream arguments are never used.
+const port = natsPort(
+  nc,
+  jetstream(nc),
+  await jetstreamManager(nc),
+  "unused",
+  false,
+  "",
+  5000,
+  { life: 0, peers: new Set() },
+  { pending: [], casCheck: false },
+);
+await port.serve!(env.PROBE_SUBJECT!);
+say("serving");
+// Kept alive by the subscription; the parent kills it.
+await nc.closed();
