@@ -48,6 +48,7 @@ import {
   markersVersion,
   uncommittable,
   unfencedServer,
+  untimedServer,
 } from "./servers.ts";
 import { ReplyTrust } from "./trust.ts";
 
@@ -494,6 +495,10 @@ export function natsPort(
     clearTimer: (h) => clearTimeout(h as ReturnType<typeof setTimeout>),
     newInstanceId: () => crypto.randomUUID().replaceAll("-", ""),
     write(req) {
+      if (req.ttl !== undefined) {
+        const no = untimedServer(req.subject, nc.info?.version ?? "");
+        if (no !== undefined) return Promise.reject(no);
+      }
       // What `js.publish` sends, without its per-request cost (see
       // `ReplyInbox`): the same headers, one shared reply subscription.
       // Filled directly: `set()` validates and canonicalises every name
@@ -505,6 +510,9 @@ export function natsPort(
         String(req.expect),
       ]);
       if (req.op === "DEL") h.headers.set(KV_OPERATION_HDR, ["DEL"]);
+      if (req.ttl !== undefined) {
+        h.headers.set(PubHeaders.MessageTTL, [`${req.ttl}s`]);
+      }
       return send(req.subject, req.value, h, req.timeout);
     },
     publish(req) {

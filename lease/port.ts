@@ -34,6 +34,15 @@ export interface WriteRequest {
   readonly msgId: string;
   /** Milliseconds to wait for the reply before the write counts as unanswered. */
   readonly timeout: number;
+  /**
+   * `Nats-TTL` in whole seconds (1 or more): the entry's own life
+   * (nats-server 2.11+, a stream with `allow_msg_ttl`), after which the
+   * server replaces it with a `MaxAge` marker. Only a session's entry has
+   * one (issue 33); a server that does not honour it refuses the write
+   * (10166) or, before 2.11, ignores the header, which is why a session
+   * refuses such a server before sending.
+   */
+  readonly ttl?: number;
 }
 
 /**

@@ -347,6 +347,29 @@ export function unfencedServer(subject: string, version: string): RangeError {
 }
 
 /**
+ * The error both ports reject a write with a TTL of its own (a session's
+ * entry) with, before sending it, on a server without markers for such
+ * expiries: before 2.11 the `Nats-TTL` header is ignored (the entry would
+ * never expire), and before 2.11.2 its expiry leaves no marker
+ * (nats-server#6741), so nobody watching would see the session end.
+ *
+ * @param subject Where the write was to go.
+ * @param version The server's version.
+ * @returns The error, or `undefined` when the server honours it.
+ */
+export function untimedServer(
+  subject: string,
+  version: string,
+): RangeError | undefined {
+  if (markersVersion(version)) return undefined;
+  return new RangeError(
+    `Cannot write an entry with its own TTL to '${subject}' as the server runs nats-server ${
+      version || "of an unknown version"
+    }: a per-message TTL (Nats-TTL) that expires into a marker needs 2.11.2 or later, and an older server ignores it or leaves no marker`,
+  );
+}
+
+/**
  * A marker whose own TTL governs (not the max age) was seen to vanish up
  * to 5 ms before its TTL had run from its timestamp; this much is taken
  * off its life.

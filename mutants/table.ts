@@ -805,4 +805,43 @@ export const MUTANTS: readonly Mutant[] = [
     what:
       "the responder never answers: a live holder looks paused to every probe",
   },
+  {
+    id: "SE1",
+    file: "lease/nats_port.ts",
+    find: `        h.headers.set(PubHeaders.MessageTTL, [\`\${req.ttl}s\`]);`,
+    replace: ``,
+    test: "lease_session_test.ts",
+    what:
+      "a session's entry is written without its own TTL: a manager that died keeps it forever, and its keys are never freed by expiry",
+  },
+  {
+    id: "SE2",
+    file: "lease/session.ts",
+    find: `      sent !== undefined && e.operation === undefined &&`,
+    replace: `      false && sent !== undefined && e.operation === undefined &&`,
+    test: "lease_session_test.ts",
+    what:
+      "a renewal applied with its reply lost is not recognised: the session ends at the next renewal, and every key with it",
+  },
+  {
+    id: "SE3",
+    file: "lease/session.ts",
+    find: `    this.#responder.stop();
+    if (tell)`,
+    replace: `    if (tell)`,
+    test: "lease_session_test.ts",
+    what:
+      "an ended session's responder keeps answering: waiters see a live holder and wait out the TTL instead of taking over",
+  },
+  {
+    id: "SE4",
+    file: "lease/session.ts",
+    find: `        expect: this.#revision,
+        msgId: tag,`,
+    replace: `        expect: 0,
+        msgId: tag,`,
+    test: "lease_session_test.ts",
+    what:
+      "a renewal expects no entry instead of the session's own revision: it is refused, and the session ends",
+  },
 ];
