@@ -818,7 +818,8 @@ export const MUTANTS: readonly Mutant[] = [
     id: "SE2",
     file: "lease/session.ts",
     find: `      sent !== undefined && e.operation === undefined &&`,
-    replace: `      false && sent !== undefined && e.operation === undefined &&`,
+    replace:
+      `      false && sent !== undefined && e.operation === undefined &&`,
     test: "lease_session_test.ts",
     what:
       "a renewal applied with its reply lost is not recognised: the session ends at the next renewal, and every key with it",
