@@ -592,7 +592,14 @@ export function natsPort(
           if (err === null) msg.respond();
         },
       });
-      await nc.flush();
+      try {
+        await nc.flush();
+      } catch (err) {
+        // A drop before the PONG fails the flush while nats.js keeps the
+        // subscription for the reconnect: nobody could stop it then.
+        sub.unsubscribe();
+        throw err;
+      }
       return { stop: () => sub.unsubscribe() };
     },
     async probe(subject, timeout) {

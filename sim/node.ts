@@ -53,6 +53,33 @@
  *   knows no route), half each; a reply the hub sent before it went down
  *   that had not arrived is lost or delivered, half each; watches go
  *   silent and resume with the last entry once the hub answers.
+ * - **Session responders** (`Port.serve`, `Port.probe`; issue 33): each
+ *   simulated server keeps the subscriptions it has heard of, as nats-server
+ *   keeps interest per connection. A `serve` sends its SUB, with the
+ *   flush's PING right behind it, in order behind the process's earlier
+ *   requests; the server has the subject from the SUB's arrival, and the
+ *   call resolves when the PONG is back, one delay later. A responder
+ *   counts at the server only while its connection is open and up: a drop
+ *   removes the interest (the server forgets a connection it lost), and
+ *   the SUB the client sends again at the reconnect brings it back one
+ *   delay after it (as nats.js resubscribes); a leaf client's interest is
+ *   gone while the hub is down behind its leaf node; a crash removes it at
+ *   once (the killed process's socket closes), unless the history says the
+ *   server did not see it (`Network.crashSeen`: a host that vanished, whose
+ *   connection the server keeps until its pings fail, later than a
+ *   history). A paused or partitioned responder still counts: the server
+ *   cannot tell. A `stop()` sends the UNSUB; the subject goes when it
+ *   arrives. A probe is a request like the others (the prober's order,
+ *   fate, partition, drop and leaf outage; a closed prober gets
+ *   `"unknown"`). At the server, with no responder that counts, the reply
+ *   is "no responders" (`"gone"`), one delay later; else the server writes
+ *   the request to each responder's connection, where it arrives one delay
+ *   later as an event of that process (a paused one reads it when it
+ *   resumes, a dead one never, a partitioned or dropped one loses it), and
+ *   the empty reply goes back through the server to the prober (`"alive"`).
+ *   Anything else times out: `"unknown"`. A leaf prober whose hub is down
+ *   may get "no responders" from its leaf node: a `"gone"` that is false,
+ *   as a real leaf node gives it.
  *
  * @module
  */
@@ -61,8 +88,10 @@ import type {
   CommitRequest,
   CommitResult,
   Port,
+  ProbeResult,
   PublishRequest,
   RawEntry,
+  Responder,
   WriteRequest,
   WriteResult,
 } from "../lease/port.ts";
@@ -70,6 +99,7 @@ import {
   fenceVersion,
   uncommittable,
   unfencedServer,
+  untimedServer,
 } from "../lease/servers.ts";
 import type { ReplyTrust } from "../lease/trust.ts";
 import type { SimKv, Stored } from "./kv.ts";
@@ -112,6 +142,15 @@ export interface Network {
   /** Whether a reply the hub sent before it went down still reaches a leaf client. Default: yes. */
   hubReply?(node: SimNode): boolean;
   /**
+   * Whether the server saw `node`'s crash: `true` when the killed process's
+   * socket closed and the server dropped its subscriptions at once; `false`
+   * for a host that vanished, whose connection the server keeps (and sends
+   * probes to) until its pings fail, later than a history lasts. Asked at
+   * most once per crashed process, by the first probe that meets it.
+   * Default: seen.
+   */
+  crashSeen?(node: SimNode): boolean;
+  /**
    * Called as the port is asked for a request on a key; the function it
    * returns, if any, hears the answer the manager gets (after the port's
    * identity check; never a rejection), as it gets it.
@@ -150,7 +189,61 @@ interface Pending {
   settled: boolean;
   resolve: (v: never) => void;
   reject: (err: unknown) => void;
-  timer: SimEvent;
+  /** Its timeout; none for a serve's wait for its PONG. */
+  timer: SimEvent | undefined;
+}
+
+/** A subscription made by {@linkcode Port.serve}. */
+interface Sub {
+  readonly subject: string;
+  readonly node: SimNode;
+  /**
+   * The connection generation whose SUB the server has (-1: none yet); the
+   * server forgets it when that connection drops.
+   */
+  gen: number;
+  /** Unsubscribed by the process: it answers nothing more. */
+  stopped: boolean;
+  /** The `serve()` call, settled by the first PONG behind one of its SUBs. */
+  readonly ready: Pending;
+}
+
+/**
+ * Each simulated server's interest: per subject, the subscriptions whose
+ * SUB reached it and whose UNSUB has not. Whether one still counts (its
+ * connection up, its process not seen dead) is asked when a probe arrives.
+ * Beside the bucket rather than in it: core subjects are not the stream's.
+ */
+const interest = new WeakMap<SimKv, Map<string, Set<Sub>>>();
+
+function interestIn(kv: SimKv, subject: string): Set<Sub> {
+  let bySubject = interest.get(kv);
+  if (bySubject === undefined) {
+    bySubject = new Map();
+    interest.set(kv, bySubject);
+  }
+  let subs = bySubject.get(subject);
+  if (subs === undefined) {
+    subs = new Set();
+    bySubject.set(subject, subs);
+  }
+  return subs;
+}
+
+/**
+ * A reply the server gives later than the request's arrival: `start` runs
+ * then and calls `answer` when the reply leaves the server (a request it
+ * forwarded to a responder, whose reply came back through it).
+ */
+class Relay<T> {
+  constructor(readonly start: (answer: (reply: T) => void) => void) {}
+}
+
+/** The server's 503 status: nothing listens on the request's subject. */
+class NoResponders extends Error {
+  constructor() {
+    super("no responders");
+  }
 }
 
 /** A simulated process. */
@@ -186,6 +279,10 @@ export class SimNode implements Target {
   /** Requests held while down, sent at the reconnect (as nats.js does). */
   #heldSends: (() => void)[] = [];
   readonly #linkFns: ((c: "down" | "same" | "other") => void)[] = [];
+  /** Its `Port.serve` subscriptions not stopped: sent again at each reconnect. */
+  readonly #subs = new Set<Sub>();
+  /** Whether the server saw the crash (asked once, by the first probe that needs it). */
+  #crashSeen: boolean | undefined;
   /**
    * A client of a leaf node: a restart of the server with the bucket (the
    * hub) drops none of its connections ({@linkcode SimNode.hubRestart}).
@@ -414,6 +511,9 @@ export class SimNode implements Target {
         for (const fn of this.#linkFns) fn(change);
       }, { target: this, kind: "io" });
       if (this.closed) return;
+      // nats.js sends its subscriptions first on a new connection, then
+      // what it held.
+      for (const sub of this.#subs) this.#subscribe(sub);
       const held = this.#heldSends;
       this.#heldSends = [];
       for (const send of held) send();
@@ -494,7 +594,7 @@ export class SimNode implements Target {
   #settle(p: Pending, value: unknown, err?: unknown): void {
     if (p.settled) return;
     p.settled = true;
-    this.#sched.cancel(p.timer);
+    if (p.timer !== undefined) this.#sched.cancel(p.timer);
     this.#inflight.delete(p);
     if (err !== undefined) p.reject(err);
     else p.resolve(value as never);
@@ -502,14 +602,15 @@ export class SimNode implements Target {
 
   /**
    * Sends a request: `serve` runs at the server when it arrives and returns
-   * the reply (or an Error to reject with).
+   * the reply (or an Error to reject with, or a {@linkcode Relay} that
+   * gives the reply later).
    */
   #request<T>(
     what: "write" | "read",
     key: string | undefined,
     timeout: number,
     describe: () => string,
-    serve: () => T | Error,
+    serve: () => T | Error | Relay<T | Error>,
     req?: WriteRequest,
     begun?: number,
   ): Promise<T> {
@@ -611,45 +712,49 @@ export class SimNode implements Target {
             if (how === "lost") return;
             sched.at(sched.now + this.#net.delay(), () => {
               if (p.settled || this.partitioned) return;
-              this.#settle(p, undefined, new Error("no responders"));
+              this.#settle(p, undefined, new NoResponders());
             }, { target: this, kind: "io" });
             return;
           }
-          const reply = serve();
-          const served = sched.now;
-          if (fate === "lostReply") return;
-          const back = fate === "lateReply"
-            ? timeout / this.rate + this.#net.lateBy()
-            : this.#net.delay();
-          sched.at(sched.now + back, () => {
-            if (p.settled || this.partitioned) return;
-            if (
-              this.#outageFrom > served && this.#outageFrom <= sched.now &&
-              !(this.#net.hubReply?.(this) ?? true)
-            ) {
-              // Sent by the hub before it went down, not yet here: lost
-              // with the hub's connection to the leaf node.
-              return;
-            }
-            if (gen !== this.#gen) {
-              // Sent by the server before the drop, not yet here: lost, or
-              // delivered after "down" (never before it).
-              if (this.#told !== this.#gen || !this.#net.crossedReply()) {
+          const answer = (reply: T | Error) => {
+            const served = sched.now;
+            if (fate === "lostReply") return;
+            const back = fate === "lateReply"
+              ? timeout / this.rate + this.#net.lateBy()
+              : this.#net.delay();
+            sched.at(sched.now + back, () => {
+              if (p.settled || this.partitioned) return;
+              if (
+                this.#outageFrom > served && this.#outageFrom <= sched.now &&
+                !(this.#net.hubReply?.(this) ?? true)
+              ) {
+                // Sent by the hub before it went down, not yet here: lost
+                // with the hub's connection to the leaf node.
                 return;
               }
-              this.#trace.add(
-                sched.now,
-                key,
-                this.label,
-                () => `${describe()}: reply crossed the lost connection`,
-              );
-            }
-            if (reply instanceof Error) this.#settle(p, undefined, reply);
-            else {
-              this.#settle(p, reply);
-              if (what === "write") this.#net.replied(this, key ?? "*");
-            }
-          }, { target: this, kind: "io" });
+              if (gen !== this.#gen) {
+                // Sent by the server before the drop, not yet here: lost, or
+                // delivered after "down" (never before it).
+                if (this.#told !== this.#gen || !this.#net.crossedReply()) {
+                  return;
+                }
+                this.#trace.add(
+                  sched.now,
+                  key,
+                  this.label,
+                  () => `${describe()}: reply crossed the lost connection`,
+                );
+              }
+              if (reply instanceof Error) this.#settle(p, undefined, reply);
+              else {
+                this.#settle(p, reply);
+                if (what === "write") this.#net.replied(this, key ?? "*");
+              }
+            }, { target: this, kind: "io" });
+          };
+          const reply = serve();
+          if (reply instanceof Relay) reply.start(answer);
+          else answer(reply);
         }, { target: this.#net.freeze ? this : undefined, pure: true });
       };
       transmit();
@@ -705,6 +810,14 @@ export class SimNode implements Target {
       newInstanceId: () =>
         `${this.label.replaceAll("'", "r")}i${++this.#instances}`,
       write: async (req: WriteRequest): Promise<WriteResult> => {
+        // As the production port: an entry with its own TTL (a session's)
+        // is refused before sending on a server that cannot expire it into
+        // a marker.
+        const version = kv.cfg.version;
+        if (req.ttl !== undefined && version !== undefined) {
+          const no = untimedServer(req.subject, version);
+          if (no !== undefined) throw no;
+        }
         const begun = sched.now;
         const key = keyOf(req.subject);
         const sendLocal = this.local();
@@ -726,17 +839,31 @@ export class SimNode implements Target {
             req.timeout,
             () => `${req.op} expect ${req.expect} ${req.msgId}`,
             () => {
-              const r = kv.write(
-                {
-                  subject: req.subject,
-                  op: req.op,
-                  value,
-                  expect: req.expect,
-                  msgId: req.msgId,
-                },
-                this.label,
-                sendLocal,
-              );
+              const w = {
+                subject: req.subject,
+                op: req.op,
+                value,
+                expect: req.expect,
+                msgId: req.msgId,
+              };
+              // With a TTL the server may refuse it (a stream without
+              // `allow_msg_ttl`), which only `publish` answers.
+              const r = req.ttl === undefined
+                ? kv.write(w, this.label, sendLocal)
+                : kv.publish(
+                  { ...w, ttl: req.ttl * 1000 },
+                  this.label,
+                  sendLocal,
+                );
+              if (r !== "gone" && "refused" in r) {
+                this.#trace.add(
+                  sched.now,
+                  key,
+                  "server",
+                  () => `${this.label} ${req.op}: refused (${r.refused})`,
+                );
+                return new Error(`${r.description} (${r.refused})`);
+              }
               this.#trace.add(
                 sched.now,
                 key,
@@ -951,12 +1078,204 @@ export class SimNode implements Target {
             return life;
           },
         ).catch(() => 0),
+      serve: (subject) => this.#serve(subject),
+      probe: (subject, timeout): Promise<ProbeResult> =>
+        // Recorded in `sends` as a request on no key ("*"), as the marker
+        // proof is: P7 then holds a closed manager to sending no probe
+        // either, while P7's check of a released key and P8's renewals,
+        // which look at one key's requests (P8 at writes alone), never
+        // count it.
+        this.#request<ProbeResult>(
+          "read",
+          undefined,
+          timeout,
+          () => `probe ${subject}`,
+          () => this.#probed(subject),
+        ).catch((err: unknown): ProbeResult =>
+          err instanceof NoResponders ? "gone" : "unknown"
+        ),
       onLink: (fn) => {
         this.#linkFns.push(fn);
       },
       isClosed: () => this.closed,
       closed: () => this.#closedPromise,
     };
+  }
+
+  /** {@linkcode Port.serve}: see the module's description. */
+  #serve(subject: string): Promise<Responder> {
+    return new Promise<Responder>((resolve, reject) => {
+      // nats.js refuses to subscribe on a closed connection.
+      if (this.closed) {
+        reject(new Error("connection closed"));
+        return;
+      }
+      const responder: Responder = { stop: () => this.#unsubscribe(sub) };
+      const sub: Sub = {
+        subject,
+        node: this,
+        gen: -1,
+        stopped: false,
+        ready: {
+          settled: false,
+          resolve: () => resolve(responder),
+          reject,
+          timer: undefined,
+        },
+      };
+      this.#subs.add(sub);
+      // A close before the PONG rejects it, as it does a request.
+      this.#inflight.add(sub.ready);
+      this.#trace.add(
+        this.#sched.now,
+        undefined,
+        this.label,
+        () => `serve ${subject}`,
+      );
+      // While down, the reconnect sends it.
+      if (!this.linkDown) this.#subscribe(sub);
+    });
+  }
+
+  /** Sends `sub`'s SUB, and the flush's PING behind it, on this connection. */
+  #subscribe(sub: Sub): void {
+    const sched = this.#sched;
+    const gen = this.#gen;
+    const arrival = Math.max(sched.now + this.#net.delay(), this.#lastArrival);
+    this.#lastArrival = arrival;
+    this.#trace.add(
+      sched.now,
+      undefined,
+      this.label,
+      () => `→ SUB ${sub.subject}`,
+    );
+    sched.at(arrival, () => {
+      // On the wire at a drop: lost with the connection; the reconnect
+      // sends it again.
+      if (gen !== this.#gen || this.closed) return;
+      interestIn(this.#kv, sub.subject).add(sub);
+      sub.gen = gen;
+      this.#trace.add(
+        sched.now,
+        undefined,
+        "server",
+        () => `${this.label} SUB ${sub.subject}`,
+      );
+      if (sub.ready.settled) return;
+      // The PONG to the PING behind it: from then the server has it. A
+      // PONG lost in a drop leaves the call waiting for the next one.
+      sched.at(sched.now + this.#net.delay(), () => {
+        if (gen === this.#gen) this.#settle(sub.ready, undefined);
+      }, { target: this, kind: "io" });
+    }, { target: this.#net.freeze ? this : undefined, pure: true });
+  }
+
+  /** {@linkcode Responder.stop}: the UNSUB, in order behind earlier sends. */
+  #unsubscribe(sub: Sub): void {
+    if (sub.stopped) return;
+    sub.stopped = true;
+    this.#subs.delete(sub);
+    const sched = this.#sched;
+    this.#trace.add(
+      sched.now,
+      undefined,
+      this.label,
+      () => `→ UNSUB ${sub.subject}`,
+    );
+    const forget = () => interest.get(this.#kv)?.get(sub.subject)?.delete(sub);
+    // Closed or down: the server has already forgotten it with the
+    // connection, and no reconnect sends it again.
+    if (this.closed || this.linkDown || this.dead) {
+      forget();
+      return;
+    }
+    const arrival = Math.max(sched.now + this.#net.delay(), this.#lastArrival);
+    this.#lastArrival = arrival;
+    sched.at(arrival, () => {
+      forget();
+      this.#trace.add(
+        sched.now,
+        undefined,
+        "server",
+        () => `${this.label} UNSUB ${sub.subject}`,
+      );
+    }, { target: this.#net.freeze ? this : undefined, pure: true });
+  }
+
+  /**
+   * Whether the server counts `sub` as listening now: its SUB came on the
+   * connection the server has, and the server has not seen that
+   * connection go (closed, dropped, cut off with the hub behind a leaf
+   * node, or its process killed). A paused or partitioned process counts:
+   * the server cannot tell.
+   */
+  #listening(sub: Sub): boolean {
+    if (
+      sub.gen !== this.#gen || this.closed || this.linkDown || this.#hubDown()
+    ) return false;
+    if (!this.dead) return true;
+    this.#crashSeen ??= this.#net.crashSeen?.(this) ?? true;
+    return !this.#crashSeen;
+  }
+
+  /**
+   * A probe of `subject` arriving at the server: "no responders" when
+   * nothing listens, else forwarded to each responder, answered when the
+   * first reply comes back through the server.
+   */
+  #probed(subject: string): NoResponders | Relay<ProbeResult> {
+    const subs = [...interest.get(this.#kv)?.get(subject) ?? []].filter((s) =>
+      s.node.#listening(s)
+    );
+    this.#trace.add(
+      this.#sched.now,
+      undefined,
+      "server",
+      () =>
+        `${this.label} probe ${subject}: ${
+          subs.length === 0
+            ? "no responders"
+            : `to ${subs.map((s) => s.node.label).join(", ")}`
+        }`,
+    );
+    if (subs.length === 0) return new NoResponders();
+    return new Relay((answer) => {
+      for (const sub of subs) sub.node.#respond(sub, () => answer("alive"));
+    });
+  }
+
+  /**
+   * The server writes a probe to `sub`'s connection: it arrives one delay
+   * later as an event of this process, which sends its empty reply back to
+   * the server (`replied`, at the reply's arrival there).
+   */
+  #respond(sub: Sub, replied: () => void): void {
+    const sched = this.#sched;
+    const gen = this.#gen;
+    const forwarded = sched.now;
+    // Cut off: the server's write goes nowhere.
+    if (this.partitioned) return;
+    sched.at(sched.now + this.#net.delay(), () => {
+      if (
+        gen !== this.#gen || this.closed || this.partitioned ||
+        // The hub dropped the leaf node's connection since: lost with it.
+        this.#outageFrom > forwarded || sub.stopped
+      ) return;
+      this.#trace.add(
+        sched.now,
+        undefined,
+        this.label,
+        () => `answers probe ${sub.subject}`,
+      );
+      const arrival = Math.max(
+        sched.now + this.#net.delay(),
+        this.#lastArrival,
+      );
+      this.#lastArrival = arrival;
+      sched.at(arrival, () => {
+        if (gen === this.#gen) replied();
+      }, { target: this.#net.freeze ? this : undefined, pure: true });
+    }, { target: this, kind: "io" });
   }
 
   /** {@linkcode Port.watch}: see the module's description. */
