@@ -23,6 +23,10 @@ import { hunt, runBatch } from "./sim/run.ts";
 import { Scheduler, type SimEvent, type Target } from "./sim/scheduler.ts";
 import { Trace } from "./sim/trace.ts";
 import { Session } from "./lease/session.ts";
+import { fencedManagerOnPort } from "./lease/fenced.ts";
+import { NotHolderError } from "./lease/errors.ts";
+import type { LeaseAcquiredEvent, LeaseLostEvent } from "./lease/events.ts";
+import type { FencedLease, Lease } from "./lease/types.ts";
 import { stream } from "./sim/random.ts";
 import { makePlan, runHistory, type WriteRec } from "./sim/world.ts";
 import * as path from "node:path";
@@ -1154,5 +1158,190 @@ describe("a session on the simulated port", () => {
     });
     assert.equal(kv.last("$KV.b._lease.s.m1i1"), undefined);
     assert.equal(await probe("$LEASE.b.probe.m1i1"), "gone");
+  });
+});
+
+describe("a manager on a fenced bucket, on the simulated port", () => {
+  // `fencedManagerOnPort` (lease/fenced.ts) on the simulated server with
+  // the fencing features of 2.15.2 and the quiet network: no grace; a
+  // crashed holder's key is taken when the server says its connection is
+  // gone; a paused one's when its session expires; and the paused holder's
+  // late fenced write is refused by the server, nothing of it stored.
+  const TTL = 2000;
+  const world = () => {
+    const sched = new Scheduler();
+    const kv = new SimKv(sched, new Trace(false), "b", {
+      maxAge: 0,
+      markers: true,
+      markerTTL: 60_000,
+      late: () => 120,
+      lags: [0],
+      msgTTL: true,
+      atomic: true,
+    });
+    const node = (label: string) =>
+      new SimNode(sched, kv, net, new Trace(false), label, 1, 0, lib, TTL);
+    // Runs the world until `p` settles (at most `ms`), and says how.
+    const settle = async <T>(p: Promise<T>, ms = 10 * TTL) => {
+      let out: { v: T } | { e: unknown } | undefined;
+      p.then((v) => out = { v }, (e: unknown) => out = { e });
+      const end = sched.now + ms;
+      while (out === undefined && sched.now < end) {
+        await new Promise((r) => setImmediate(r));
+        await sched.run(sched.now + 1);
+      }
+      assert.ok(out !== undefined, `not settled within ${ms} ms`);
+      return out;
+    };
+    const manager = async (label: string) => {
+      const n = node(label);
+      const r = await settle(fencedManagerOnPort(n.port, {
+        node: label,
+        ttl: TTL,
+        timeout: TTL / 4,
+        bucket: "b",
+        restartGrace: true,
+        settleTimeout: 1000,
+        idleRelease: undefined,
+        markerLife: 0,
+        signal: undefined,
+      }));
+      assert.ok("v" in r, String("e" in r && r.e));
+      const m = r.v;
+      const found: string[] = [];
+      m.addEventListener("acquired", (e) => {
+        const a = e as LeaseAcquiredEvent;
+        found.push(`${a.found} ${a.grace}`);
+      });
+      return { n, m, found };
+    };
+    // Runs the world for `ms`, a millisecond at a time.
+    const advance = async (ms: number) => {
+      const end = sched.now + ms;
+      while (sched.now < end) {
+        await new Promise((r) => setImmediate(r));
+        await sched.run(sched.now + 1);
+      }
+    };
+    const data = (key: string) => kv.last(`$KV.b.${key}`)?.value;
+    return { sched, kv, settle, advance, manager, data };
+  };
+  const put = (key: string, value: string) => (lease: Lease) =>
+    (lease as FencedLease).put(key, value);
+
+  test("a fenced write lands under the tenure; a contender is refused while the holder's session lives; a release hands the key over at once, with no grace", async () => {
+    const { sched, settle, advance, manager, data } = world();
+    const a = await manager("a");
+    const b = await manager("b");
+    const w = await settle(a.m.guard("k", put("x", "a1")));
+    assert.ok("v" in w, String("e" in w && w.e));
+    assert.equal(data("x"), "a1");
+    assert.deepEqual(a.found, ["fresh 0"]);
+    const r = await settle(b.m.guard("k", put("x", "b1")));
+    assert.ok("e" in r && r.e instanceof NotHolderError, String(r));
+    assert.equal(data("x"), "a1");
+    // b waits; a releases: b takes the key at once.
+    const waiting = b.m.guard("k", put("x", "b2"), { wait: true });
+    await advance(100);
+    const t0 = sched.now;
+    await settle(a.m.release("k"));
+    const got = await settle(waiting);
+    assert.ok("v" in got, String("e" in got && got.e));
+    assert.equal(data("x"), "b2");
+    assert.deepEqual(b.found, ["released 0"]);
+    assert.ok(sched.now - t0 < 50, `handed over in ${sched.now - t0} ms`);
+  });
+
+  test("a crashed holder's key is taken as soon as its probe says 'gone'; a paused holder's when its session expires, and its late fenced write is refused by the server", async () => {
+    const { sched, kv, settle, advance, manager, data } = world();
+    const a = await manager("a");
+    const b = await manager("b");
+    const c = await manager("c");
+    await settle(a.m.guard("k", put("x", "a1")));
+    // Crash: b, waiting, takes the key within a few session checks.
+    const waiting = b.m.guard("k", put("x", "b1"), { wait: true });
+    await advance(200);
+    const crash = sched.now;
+    a.n.crash();
+    const got = await settle(waiting);
+    assert.ok("v" in got, String("e" in got && got.e));
+    assert.deepEqual(b.found, ["crashed 0"]);
+    // Within a session check and a few round trips (1 ms each).
+    assert.ok(sched.now - crash < 40, `taken ${sched.now - crash} ms after`);
+    assert.equal(data("x"), "b1");
+
+    // Pause: b's process stalls holding the key inside a write.
+    let resume!: () => void;
+    const stalled = b.m.guard("k", async (lease) => {
+      await new Promise<void>((r) => resume = r);
+      return await (lease as FencedLease).put("x", "b-late");
+    });
+    await advance(50);
+    // b's session ("bi1": the simulated port's first id for b) was last
+    // renewed at this stamp; it expires a TTL and the model's 120 ms later.
+    const renewed = kv.last("$KV.b._lease.s.bi1")!.stamp;
+    b.n.pause(sched.now + 3 * TTL);
+    const takeover = await settle(
+      c.m.guard("k", put("x", "c1"), { wait: true }),
+    );
+    assert.ok("v" in takeover, String("e" in takeover && takeover.e));
+    assert.deepEqual(c.found, ["session-ended 0"]);
+    // Taken after the expiry, within two session checks (25 ms each).
+    const after = sched.now - renewed;
+    assert.ok(
+      after >= TTL + 120 && after <= TTL + 120 + 60,
+      `taken ${after} ms after the session's last renewal`,
+    );
+    assert.equal(data("x"), "c1");
+    // b resumes and writes late: the server refuses it.
+    await advance(3 * TTL);
+    resume();
+    const late = await settle(stalled);
+    assert.ok("e" in late && late.e instanceof NotHolderError, String(late));
+    assert.equal(data("x"), "c1", "the late write was not stored");
+  });
+
+  test("a session ended behind its back (its entry deleted) ends every key it kept at its next renewal, long before their deadlines; the manager opens a new session and takes keys again", async () => {
+    const { sched, kv, settle, advance, manager } = world();
+    const a = await manager("a");
+    const leases: Lease[] = [];
+    for (const k of ["k1", "k2"]) {
+      const r = await settle(a.m.guard(k, (lease) => leases.push(lease)));
+      assert.ok("v" in r, String("e" in r && r.e));
+    }
+    const lost: string[] = [];
+    a.m.addEventListener("lost", (e) => {
+      const l = e as LeaseLostEvent;
+      lost.push(`${l.key} ${l.reason}`);
+    });
+    await advance(100);
+    // An operator deletes the session's entry ("ai1": a's first id).
+    const s = kv.last("$KV.b._lease.s.ai1")!;
+    kv.write(
+      {
+        subject: s.subject,
+        op: "DEL",
+        value: "",
+        expect: s.seq,
+        msgId: "operator",
+      },
+      "operator",
+      0,
+    );
+    const deleted = sched.now;
+    for (let i = 0; i < 3 * TTL; i++) {
+      if (leases.every((l) => l.signal.aborted)) break;
+      await advance(1);
+    }
+    // At the next renewal (TTL/3 apart), not at the keys' deadlines.
+    assert.ok(sched.now - deleted <= TTL / 3 + 10, `${sched.now - deleted} ms`);
+    assert.ok(leases.every((l) => sched.now < l.deadline + TTL / 2));
+    await advance(1);
+    assert.deepEqual(lost.sort(), ["k1 expired", "k2 expired"]);
+    // A new session (one round trip to open): the keys are taken again.
+    await advance(10);
+    const again = await settle(a.m.guard("k1", put("x", "again")));
+    assert.ok("v" in again, String("e" in again && again.e));
+    assert.ok(kv.last("$KV.b._lease.s.ai2")?.value === "a");
   });
 });

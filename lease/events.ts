@@ -10,9 +10,16 @@
  *   once (`restartGrace: false`);
  * - `"lapsed"`: our own entry, renewed after our deadline had passed (a
  *   new tenure);
- * - `"recovered"`: our own acquire, whose reply was lost, found applied.
+ * - `"recovered"`: our own acquire, whose reply was lost, found applied;
+ * - `"session-ended"` (fenced layout): another holder's tenure entry whose
+ *   session's entry expired, was deleted, or was never there;
+ * - `"crashed"` (fenced layout): another holder's tenure entry whose
+ *   session's connection is gone (the server answered its probe "no
+ *   responders").
  */
 export type AcquiredFrom =
+  | "session-ended"
+  | "crashed"
   | "fresh"
   | "released"
   | "expired"

@@ -276,8 +276,10 @@ import {
   RenewalFailedEvent,
 } from "./events.ts";
 import { checkKey, checkSignal, describe } from "./input.ts";
+import type { Session } from "./session.ts";
 import {
   BucketGone,
+  type CommitResult,
   type LinkChange,
   type Port,
   type RawEntry,
@@ -298,6 +300,8 @@ import {
 } from "./state.ts";
 import {
   type CloseResult,
+  type FencedLease,
+  type FencedOp,
   type GuardCheck,
   type GuardOptions,
   type HealthOptions,
@@ -348,6 +352,30 @@ export interface ManagerSettings {
   check?: GuardCheck;
   /** Aborting it closes the manager. */
   signal: AbortSignal | undefined;
+  /**
+   * Internal (issue 33; `createLeaseManager` does not offer it yet): the
+   * fenced layout of `design/fenced.md`. Absent: the classic layout.
+   */
+  fenced?: FencedSettings;
+}
+
+/**
+ * The fenced layout: where tenure entries and data live, and the sessions
+ * that keep this manager's keys (`lease/session.ts`).
+ */
+export interface FencedSettings {
+  /** The manager's session; its id becomes the manager's instance id. */
+  readonly session: Session;
+  /** Opens a new session with the given id, after the last one ended. */
+  readonly reopen: (id: string) => Promise<Session>;
+  /** The subject of a key's tenure entry. */
+  readonly tenure: (key: string) => string;
+  /** The subject of a data key, which fenced writes store. */
+  readonly data: (key: string) => string;
+  /** The subject of a session's entry, given its id. */
+  readonly sessionSubject: (id: string) => string;
+  /** The subject a session's responder answers on, given its id. */
+  readonly probeSubject: (id: string) => string;
 }
 
 /**
@@ -365,8 +393,34 @@ export function managerOnPort(
   return new Manager(port, settings);
 }
 
+/** What a lease of the fenced layout needs for its fenced writes. */
+interface FenceContext {
+  /** The key's tenure entry: the subject every fenced write is checked against. */
+  readonly subject: string;
+  /** The subject of a data key. */
+  readonly data: (key: string) => string;
+  /** Request timeout, ms. */
+  readonly timeout: number;
+  /** The server refused a write of this tenure: it is over. */
+  readonly refused: (conflict: number) => void;
+}
+
+/** The prefix of the fenced layout's own subjects, which data keys may not use. */
+const RESERVED = "_lease.";
+
+/**
+ * On a fenced bucket, how long one check of another manager's session
+ * serves (ms), and how often a key's waiters check the session of its
+ * holder: a crashed holder's key is taken within about this much of the
+ * server seeing its connection close.
+ */
+const SESSION_CHECK = 25;
+
+/** The longest a probe of a session waits (ms): silence proves nothing. */
+const PROBE_TIMEOUT = 250;
+
 /** A lease handed to one guarded write; reads its tenure's live deadline. */
-class HeldLease implements Lease {
+class HeldLease implements FencedLease {
   readonly key: string;
   readonly node: string;
   readonly epoch: number;
@@ -374,6 +428,7 @@ class HeldLease implements Lease {
   readonly signal: AbortSignal;
   readonly #tenure: Tenure;
   readonly #port: Port;
+  readonly #fence: FenceContext | undefined;
 
   constructor(
     key: string,
@@ -381,6 +436,7 @@ class HeldLease implements Lease {
     tenure: Tenure,
     signal: AbortSignal,
     port: Port,
+    fence?: FenceContext,
   ) {
     this.key = key;
     this.node = node;
@@ -389,6 +445,166 @@ class HeldLease implements Lease {
     this.signal = signal;
     this.#tenure = tenure;
     this.#port = port;
+    this.#fence = fence;
+  }
+
+  put(key: string, value: Uint8Array | string): Promise<number> {
+    try {
+      const f = this.#fenced("put", key);
+      const data = typeof value === "string" ? encoder.encode(value) : value;
+      if (!(data instanceof Uint8Array)) {
+        throw new TypeError(
+          `Cannot put '${key}' as 'value' must be a string or a Uint8Array: received ${
+            describe(value)
+          }`,
+        );
+      }
+      return this.#publish(f, key, "PUT", data);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+  }
+
+  delete(key: string): Promise<number> {
+    try {
+      return this.#publish(
+        this.#fenced("delete", key),
+        key,
+        "DEL",
+        new Uint8Array(0),
+      );
+    } catch (err) {
+      return Promise.reject(err);
+    }
+  }
+
+  async commit(
+    ops: readonly FencedOp[],
+  ): Promise<{ seq: number; count: number }> {
+    if (!Array.isArray(ops)) {
+      throw new TypeError(
+        `Cannot commit on '${this.key}' as 'ops' must be an array: received ${
+          describe(ops)
+        }`,
+      );
+    }
+    const f = this.#fenced("commit", this.key);
+    const commit = this.#port.commit;
+    if (commit === undefined) {
+      throw new TypeError(
+        `Cannot commit on '${this.key}' as this port cannot commit batches`,
+      );
+    }
+    const writes = ops.map((op) => {
+      if (op !== null && typeof op === "object" && "put" in op) {
+        this.#fenced("commit", op.put);
+        const v = op.value;
+        const data = typeof v === "string" ? encoder.encode(v) : v;
+        if (!(data instanceof Uint8Array)) {
+          throw new TypeError(
+            `Cannot commit a put of '${op.put}' as its 'value' must be a string or a Uint8Array: received ${
+              describe(v)
+            }`,
+          );
+        }
+        return { subject: f.data(op.put), op: "PUT" as const, data };
+      }
+      if (op !== null && typeof op === "object" && "delete" in op) {
+        this.#fenced("commit", op.delete);
+        return {
+          subject: f.data(op.delete),
+          op: "DEL" as const,
+          data: new Uint8Array(0),
+        };
+      }
+      throw new TypeError(
+        `Cannot commit on '${this.key}' as each op must be { put, value } or { delete }: received ${
+          describe(op)
+        }`,
+      );
+    });
+    let res: CommitResult;
+    try {
+      res = await commit({
+        writes,
+        fence: { subject: f.subject, seq: this.epoch },
+        timeout: f.timeout,
+      });
+    } catch (err) {
+      if (err instanceof RangeError || err instanceof TypeError) throw err;
+      throw new UnavailableError(
+        this.key,
+        `the fenced commit on '${this.key}' got no answer (it may have been stored): ${
+          errText(err)
+        }`,
+        { cause: err },
+      );
+    }
+    if ("seq" in res) return res;
+    f.refused(res.conflict);
+    throw this.#refused(res.conflict);
+  }
+
+  /** The fence, after checking that `key` may be written by a fenced write. */
+  #fenced(verb: string, key: string): FenceContext {
+    const f = this.#fence;
+    if (f === undefined) {
+      throw new TypeError(
+        `Cannot ${verb} '${key}' as the lease bucket is not fenced: only a fenced bucket's server refuses a stale write`,
+      );
+    }
+    checkKey(verb, key);
+    if (key.startsWith(RESERVED)) {
+      throw new TypeError(
+        `Cannot ${verb} '${key}' as keys under '${RESERVED}' hold the leases themselves`,
+      );
+    }
+    return f;
+  }
+
+  async #publish(
+    f: FenceContext,
+    key: string,
+    op: "PUT" | "DEL",
+    data: Uint8Array,
+  ): Promise<number> {
+    const publish = this.#port.publish;
+    if (publish === undefined) {
+      throw new TypeError(
+        `Cannot write '${key}' as this port cannot publish fenced writes`,
+      );
+    }
+    let res: WriteResult;
+    try {
+      res = await publish({
+        subject: f.data(key),
+        op,
+        data,
+        fence: { subject: f.subject, seq: this.epoch },
+        timeout: f.timeout,
+      });
+    } catch (err) {
+      if (err instanceof RangeError || err instanceof TypeError) throw err;
+      throw new UnavailableError(
+        this.key,
+        `the fenced write of '${key}' got no answer (it may have been stored): ${
+          errText(err)
+        }`,
+        { cause: err },
+      );
+    }
+    if ("seq" in res) return res.seq;
+    f.refused(res.conflict);
+    throw this.#refused(res.conflict);
+  }
+
+  #refused(conflict: number): NotHolderError {
+    return new NotHolderError(
+      this.key,
+      undefined,
+      undefined,
+      `Lease on '${this.key}' is over: the server refused a write of the tenure at epoch ${this.epoch}, as the key's tenure entry is now at revision ${conflict}`,
+    );
   }
 
   get deadline(): number {
@@ -404,6 +620,7 @@ class HeldLease implements Lease {
       this.#tenure,
       AbortSignal.any([this.signal, signal]),
       this.#port,
+      this.#fence,
     );
   }
 
@@ -455,8 +672,21 @@ export class Manager extends EventTarget implements LeaseManager {
   readonly maxKey: number;
   /** See {@linkcode leaseCheckMargin}. */
   readonly #margin: number;
-  /** Tags our writes so a restarted process with our node id is told apart. */
-  readonly #instance: string;
+  /**
+   * Tags our writes so a restarted process with our node id is told apart.
+   * On a fenced bucket it is the id of the current session, so a tenure
+   * entry's tag names the session that keeps it (a new session, a new id).
+   */
+  #instance: string;
+  /** The fenced layout (issue 33), or `undefined` for the classic one. */
+  readonly #fenced: FencedSettings | undefined;
+  /** The current session of the fenced layout (`undefined` between two). */
+  #session: Session | undefined;
+  /** Recent checks of other managers' sessions, by session id. */
+  readonly #sessionChecks = new Map<
+    string,
+    { at: number; dead: Promise<AcquiredFrom | undefined> }
+  >();
   #counter = 0;
   /** Tenures this manager has begun: {@linkcode Lease.tenure}'s count. */
   #tenures = 0;
@@ -541,7 +771,10 @@ export class Manager extends EventTarget implements LeaseManager {
     this.#check = o.check ?? "cas";
     this.maxKey = o.maxKey ?? Infinity;
     this.#margin = leaseCheckMargin(o.ttl);
-    this.#instance = port.newInstanceId();
+    this.#fenced = o.fenced;
+    this.#session = o.fenced?.session;
+    this.#instance = this.#session?.id ?? port.newInstanceId();
+    if (this.#session) this.#follow(this.#session);
     this.#signal = o.signal;
     this.#signal?.addEventListener("abort", this.#onAbort, { once: true });
     // A connection closed for good can neither renew nor release: stop the
@@ -571,7 +804,12 @@ export class Manager extends EventTarget implements LeaseManager {
         // An acquire still unanswered may be applied by the other server,
         // at a revision that is another holder's there: if it shows up as
         // ours later, it is owed the longest grace.
-        for (const p of st.pending) p.grace = Math.max(p.grace, 2 * this.ttl);
+        // (No grace on a fenced bucket: the server fences.)
+        if (!this.#fenced) {
+          for (const p of st.pending) {
+            p.grace = Math.max(p.grace, 2 * this.ttl);
+          }
+        }
         const t = st.tenure;
         if (!st.held || !t || t.controller.signal.aborted) continue;
         if (!t.suspended) {
@@ -698,7 +936,135 @@ export class Manager extends EventTarget implements LeaseManager {
   }
 
   #subject(key: string): string {
+    if (this.#fenced) return this.#fenced.tenure(key);
     return `$KV.${this.bucket}.${key}`;
+  }
+
+  // -------------------------------------------------------------------------
+  // The fenced layout (issue 33, design/fenced.md): a key is held while its
+  // tenure entry names this manager's session (by its tag) and the session
+  // lives; the session's renewals keep every such key. Safety rests on the
+  // server's check of each fenced write against the tenure entry (F1); the
+  // rest (takeover with no grace, F5) only decides who may try.
+
+  /** Hears `s`'s renewals and its end. */
+  #follow(s: Session): void {
+    s.onRenewed((sent) => {
+      if (s !== this.#session) return;
+      for (const st of this.#keys.values()) {
+        const t = st.tenure;
+        if (st.held && t && !t.controller.signal.aborted && !t.suspended) {
+          this.#confirmed(st, sent);
+        }
+      }
+    });
+    s.onLost((why) => {
+      if (s !== this.#session) return;
+      this.#session = undefined;
+      const now = this.#port.now();
+      // Every key of the session at once (point 5 of issue 33): its entry
+      // may expire, or has, and waiters elsewhere take the keys then.
+      for (const st of this.#keys.values()) {
+        if (!st.held) continue;
+        st.held = false;
+        this.#clearExpiry(st);
+        st.tenure?.end(
+          new UnavailableError(
+            st.key,
+            `Lease on '${st.key}' ended with this manager's session: ${why}`,
+          ),
+          now,
+          "expired",
+        );
+      }
+      void this.#reopen();
+    });
+  }
+
+  /** Opens a new session after the last one ended, retrying every TTL/3. */
+  async #reopen(): Promise<void> {
+    const f = this.#fenced!;
+    while (!this.#closing && !this.#stopped && !this.#defunct) {
+      const id = this.#port.newInstanceId();
+      try {
+        const s = await f.reopen(id);
+        if (this.#closing || this.#stopped || this.#defunct) {
+          await s.close();
+          return;
+        }
+        this.#session = s;
+        this.#instance = id;
+        this.#follow(s);
+        return;
+      } catch {
+        await this.#pause(this.ttl / 3, undefined);
+      }
+    }
+  }
+
+  /**
+   * Whether the session that `seen` (another holder's tenure entry) names
+   * is over: `"session-ended"` when its entry is gone, expired or never
+   * was (or the entry names none), `"crashed"` when the server says
+   * nothing answers its probe; `undefined` while it may live. One check per
+   * session serves every key and waiter for {@linkcode SESSION_CHECK} ms.
+   * Rejects when the server cannot be read.
+   */
+  #sessionOver(seen: Seen): Promise<AcquiredFrom | undefined> {
+    const f = this.#fenced!;
+    const id = seen.instance;
+    if (id === undefined) return Promise.resolve("session-ended");
+    const now = this.#port.now();
+    const hit = this.#sessionChecks.get(id);
+    if (hit !== undefined && now - hit.at < SESSION_CHECK) return hit.dead;
+    const probe = this.#port.probe;
+    // Both in one flush: the entry from the stream leader (a lagging
+    // replica may not have a new session yet), the probe from the server.
+    const entry = this.#read(f.sessionSubject(id), undefined, true);
+    const answer = probe === undefined
+      ? Promise.resolve("unknown" as const)
+      : probe(f.probeSubject(id), Math.min(this.#timeout, PROBE_TIMEOUT));
+    // The entry decides alone once it shows the session over. Else the
+    // probe may still say "gone", which comes within a round trip; a paused
+    // or cut-off holder's probe times out, and a check does not wait for
+    // that (silence proves nothing).
+    const dead = entry.then((e) => {
+      if (e === null || e.kind !== "put") return "session-ended" as const;
+      return new Promise<AcquiredFrom | undefined>((resolve) => {
+        const timer = this.#port.setTimer(
+          () => resolve(undefined),
+          SESSION_CHECK,
+        );
+        void answer.then((a) => {
+          this.#port.clearTimer(timer);
+          resolve(a === "gone" ? "crashed" : undefined);
+        });
+      });
+    });
+    this.#sessionChecks.set(id, { at: now, dead });
+    dead.catch(() => this.#sessionChecks.delete(id));
+    if (this.#sessionChecks.size > 1024) {
+      for (const [k, v] of this.#sessionChecks) {
+        if (now - v.at >= SESSION_CHECK) this.#sessionChecks.delete(k);
+      }
+    }
+    return dead;
+  }
+
+  /** The fence of `st`'s current tenure, for its leases' fenced writes. */
+  #fenceOf(st: KeyState): FenceContext | undefined {
+    const f = this.#fenced;
+    if (f === undefined) return undefined;
+    const t = st.tenure;
+    return {
+      subject: st.subject,
+      data: f.data,
+      timeout: this.#timeout,
+      refused: () => {
+        // The server saw the tenure entry move: another tenure began.
+        if (st.tenure === t && st.held) this.#lost(st, null);
+      },
+    };
   }
 
   #tag(epoch: number): string {
@@ -869,7 +1235,14 @@ export class Manager extends EventTarget implements LeaseManager {
     let out: T | Promise<T>;
     try {
       out = write(
-        new HeldLease(st.key, this.node, tenure, leaseSignal, this.#port),
+        new HeldLease(
+          st.key,
+          this.node,
+          tenure,
+          leaseSignal,
+          this.#port,
+          this.#fenceOf(st),
+        ),
       );
     } catch (err) {
       settled();
@@ -1335,7 +1708,12 @@ export class Manager extends EventTarget implements LeaseManager {
     const now = this.#port.now();
     let at: number;
     if (!this.#port.watch || kw.seen === undefined) at = now + this.ttl / 3;
-    else if (kw.seen?.kind === "put") {
+    else if (this.#fenced && kw.seen?.kind === "put") {
+      // Another holder's tenure entry never moves while it holds: only
+      // its session tells. Checked while anyone waits for the key.
+      if (kw.waiters.size === 0) return;
+      at = now + SESSION_CHECK;
+    } else if (kw.seen?.kind === "put") {
       const due = kw.seenAt + this.ttl;
       // At `due` the entry has stood still for a TTL: waiters may take it
       // over (then the grace). Without markers, a bounded burst of reads
@@ -1358,6 +1736,27 @@ export class Manager extends EventTarget implements LeaseManager {
   async #onWatchTimer(kw: KeyWatch): Promise<void> {
     kw.timer = undefined;
     if (kw.stopped) return;
+    const held = kw.seen;
+    if (this.#fenced && this.#port.watch && held?.kind === "put") {
+      // A fenced key's waiters wake when the holder's session is over (or
+      // cannot be checked: they then meet the failure themselves).
+      let over: AcquiredFrom | undefined;
+      let ok = true;
+      kw.reading = true;
+      try {
+        over = held.instance === this.#instance
+          ? undefined
+          : await this.#sessionOver(held);
+      } catch {
+        ok = false;
+      } finally {
+        kw.reading = false;
+      }
+      if (kw.stopped) return;
+      if (!ok || over !== undefined) this.#wake(kw, !ok);
+      this.#armWatch(kw);
+      return;
+    }
     const before = kw.wakes;
     let ok = true;
     kw.reading = true;
@@ -1611,6 +2010,7 @@ export class Manager extends EventTarget implements LeaseManager {
   }
 
   async #renew(st: KeyState): Promise<void> {
+    if (this.#fenced) return await this.#checkTenure(st);
     const epoch = st.tenure!.epoch;
     for (let attempt = 0; attempt < 3; attempt++) {
       if (attempt > 0 && this.#givenUp(st)) return;
@@ -1728,6 +2128,39 @@ export class Manager extends EventTarget implements LeaseManager {
     );
   }
 
+  /**
+   * A fenced key's commit-point check (a guard with `check: "cas"`, or
+   * `held()`): the tenure entry, read from the stream leader, is still
+   * ours. Nothing is written: a renewal of the key would move its epoch
+   * (F2); the session's renewals keep it.
+   */
+  async #checkTenure(st: KeyState): Promise<void> {
+    if (!this.#linkUp) {
+      throw new UnavailableError(st.key, suspendedError(st.key).message);
+    }
+    if (st.tenure!.suspended) {
+      await this.#verify(st);
+      if (!st.held || st.tenure!.suspended) return;
+    }
+    const downs = this.#downs;
+    let seen: Seen | null;
+    try {
+      seen = await this.#read(st.subject, undefined, true);
+    } catch (err) {
+      throw new UnavailableError(
+        st.key,
+        `the lease could not be checked: ${errText(err)}`,
+        { cause: err },
+      );
+    }
+    if (downs !== this.#downs) {
+      throw new UnavailableError(st.key, suspendedError(st.key).message);
+    }
+    if (!st.held) return;
+    if (this.#ours(st, seen) && seen!.seq === st.rev) return;
+    this.#lost(st, seen);
+  }
+
   /** Tries to take a key we do not hold; at most a few reads and CASes. */
   async #acquire(st: KeyState): Promise<void> {
     for (let attempt = 0; attempt < 3; attempt++) {
@@ -1738,7 +2171,8 @@ export class Manager extends EventTarget implements LeaseManager {
       // taken in one round trip, and anything else makes it fail (it names
       // what is there) and we read as usual. Only the CAS's success
       // matters for the grace below, never the skipped read.
-      const probe = attempt === 0 && this.#markerLife > 0 && !st.probed;
+      const probe = attempt === 0 && !st.probed &&
+        (this.#markerLife > 0 || this.#fenced !== undefined);
       st.probed = true;
       // A read and the CAS built on it must meet one server process
       // (point 10): a restarted one may have reused the revision we read.
@@ -1795,7 +2229,37 @@ export class Manager extends EventTarget implements LeaseManager {
       let found: AcquiredFrom;
       // Whether a marker proof goes out with the CAS (see below).
       let prove = false;
-      if (seen === null) {
+      if (this.#fenced) {
+        // No grace: a late write of the holder before us is refused by the
+        // server once our compare-and-set moves the tenure entry (F1).
+        grace = 0;
+        if (this.#session === undefined || this.#session.ended) {
+          throw new UnavailableError(
+            st.key,
+            "the lease could not be acquired: this manager's session ended, and a new one is not open yet",
+          );
+        }
+        if (seen === null) found = "fresh";
+        else if (seen.kind !== "put") found = seen.kind;
+        else if (seen.instance === this.#instance) found = "own";
+        else {
+          st.sawForeign = true;
+          st.foreign = seen.node;
+          let over: AcquiredFrom | undefined;
+          try {
+            over = await this.#sessionOver(seen);
+          } catch (err) {
+            throw new UnavailableError(
+              st.key,
+              `the lease's holder could not be checked: ${errText(err)}`,
+              { cause: err },
+            );
+          }
+          // Its session lives: the key is held.
+          if (over === undefined) return;
+          found = over;
+        }
+      } else if (seen === null) {
         found = "fresh";
         // No entry (in the replica we read). The CAS below expects none
         // on the leader. Without markers, a key never held and one whose
@@ -1940,7 +2404,9 @@ export class Manager extends EventTarget implements LeaseManager {
     // previous holder's deadline was at most `grace - ttl` before that.
     st.notBefore = grace > 0 ? this.#port.now() + grace : 0;
     this.#emit(new LeaseAcquiredEvent(st.key, seq, t.id, grace, found));
-    this.#confirmed(st, sent);
+    // On a fenced bucket the session keeps the key: vouched for as long as
+    // its last confirmed renewal lets it be.
+    this.#confirmed(st, this.#fenced ? this.#session?.confirmedAt ?? 0 : sent);
     // Our waiters on the key retry now, and find it ours (in its grace, or
     // ready): when the entry before was ours too, the watch takes the new
     // one for a renewal of it and wakes nobody, and our renewals keep
@@ -2057,6 +2523,16 @@ export class Manager extends EventTarget implements LeaseManager {
       void this.#giveUp(st, now);
       return;
     }
+    if (this.#fenced) {
+      // The session renews; a suspended lease is proven here (point 10).
+      if (st.tenure?.suspended && this.#linkUp) {
+        st.renewalDue = true;
+        void this.#sync(st, undefined, true);
+      }
+      st.renewAt = now + this.ttl / 3;
+      this.#plan(st, st.renewAt);
+      return;
+    }
     // A guard may have renewed since this was planned: plan anew from then.
     if (st.renewAt > now) this.#plan(st, st.renewAt);
     else {
@@ -2115,6 +2591,10 @@ export class Manager extends EventTarget implements LeaseManager {
     if (this.#defunct) return;
     this.#defunct = why;
     this.#stopRenewals();
+    // No more renewals of the session either: its keys are lost here now.
+    const session = this.#session;
+    this.#session = undefined;
+    void session?.close();
     const now = this.#port.now();
     for (const st of this.#keys.values()) {
       this.#clearExpiry(st);
@@ -2344,6 +2824,10 @@ export class Manager extends EventTarget implements LeaseManager {
     for (const st of keys) this.#clearExpiry(st);
     this.#keys.clear();
     await this.#waitFor(unwatched, this.#timeout);
+    // The keys are released: the session's entry goes, and its responder.
+    const session = this.#session;
+    this.#session = undefined;
+    if (session) await this.#waitFor(session.close(), this.#timeout);
     this.#port.close?.();
     const released: string[] = [];
     const unreleased: string[] = [];

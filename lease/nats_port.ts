@@ -525,6 +525,7 @@ export function natsPort(
         return Promise.reject(unfencedServer(req.subject, version));
       }
       const h = fenceHeaders(req.fence);
+      if (req.op === "DEL") h.headers.set(KV_OPERATION_HDR, ["DEL"]);
       if (req.msgId !== undefined) {
         h.headers.set(PubHeaders.MsgIdHdr, [req.msgId]);
       }
@@ -539,6 +540,9 @@ export function natsPort(
       // the batch would then still refuse each late one.
       const headersOf = (i: number): MsgHdrs => {
         const h = fenceHeaders(req.fence);
+        if (req.writes[i]!.op === "DEL") {
+          h.headers.set(KV_OPERATION_HDR, ["DEL"]);
+        }
         h.headers.set("Nats-Batch-Id", [id]);
         h.headers.set("Nats-Batch-Sequence", [String(i + 1)]);
         if (i === n - 1) h.headers.set("Nats-Batch-Commit", ["1"]);

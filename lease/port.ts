@@ -70,6 +70,8 @@ export interface Fence {
 export interface PublishRequest {
   /** Where it is stored: a subject of the bucket's stream. */
   readonly subject: string;
+  /** `"DEL"` stores a KV delete marker (`data` empty); a put by default. */
+  readonly op?: "PUT" | "DEL";
   /** The body. */
   readonly data: Uint8Array;
   /** The check it is stored under. */
@@ -85,6 +87,8 @@ export interface CommitRequest {
   /** The messages, in order: 1 to {@linkcode MAX_BATCH}. */
   readonly writes: readonly {
     readonly subject: string;
+    /** `"DEL"` stores a KV delete marker; a put by default. */
+    readonly op?: "PUT" | "DEL";
     readonly data: Uint8Array;
   }[];
   /** The check every message is stored under. */

@@ -47,6 +47,12 @@ export interface SessionOptions {
   readonly node: string;
   /** The lease TTL, ms: 1,000 or more. */
   readonly ttl: number;
+  /**
+   * The session's id (default: a new one from the port). A manager passes
+   * its instance id, so that the tag of every tenure entry it writes names
+   * its session.
+   */
+  readonly id?: string;
 }
 
 /** How many unanswered renewals' send times are kept for a later read to recognise. */
@@ -76,6 +82,7 @@ export class Session {
   #ended: string | undefined;
   #closing = false;
   readonly #lostFns: ((why: string) => void)[] = [];
+  readonly #renewedFns: ((sent: number) => void)[] = [];
 
   private constructor(
     o: SessionOptions,
@@ -121,7 +128,7 @@ export class Session {
         "Cannot open a session as the port has no responder (serve)",
       );
     }
-    const id = port.newInstanceId();
+    const id = o.id ?? port.newInstanceId();
     const responder = await port.serve(o.probe(id));
     const sent = port.now();
     let res;
@@ -166,6 +173,24 @@ export class Session {
   get deadline(): number {
     if (this.#ended !== undefined) return -Infinity;
     return this.#confirmed + this.#ttl * (1 - 2 * CLOCK_RATE_BOUND);
+  }
+
+  /**
+   * The local send time of the latest renewal (or the creation) known to
+   * be applied: the entry lives on the server until at least a TTL later.
+   */
+  get confirmedAt(): number {
+    return this.#confirmed;
+  }
+
+  /**
+   * Calls `fn` with {@linkcode Session.confirmedAt} each time a renewal is
+   * confirmed (by its reply, or recognised after its reply was lost).
+   *
+   * @param fn Told the confirmed send time.
+   */
+  onRenewed(fn: (sent: number) => void): void {
+    this.#renewedFns.push(fn);
   }
 
   /** Why the session ended (`undefined` while it lives). */
@@ -283,6 +308,7 @@ export class Session {
   #confirm(revision: number, sent: number): void {
     this.#revision = revision;
     this.#confirmed = Math.max(this.#confirmed, sent);
+    for (const fn of this.#renewedFns) fn(this.#confirmed);
   }
 
   /**

@@ -349,6 +349,55 @@ export interface Lease {
   throwIfLost(): void;
 }
 
+/**
+ * One write of a fenced commit (issue 33; not offered by
+ * `createLeaseManager` yet): a put of `value`, or a delete, of a data key.
+ */
+export type FencedOp =
+  | { readonly put: string; readonly value: Uint8Array | string }
+  | { readonly delete: string };
+
+/**
+ * A lease of a fenced bucket (issue 33; not offered by `createLeaseManager`
+ * yet): besides what every lease does, it writes data keys of the bucket
+ * that the server itself stores only while this tenure lasts. A refused
+ * write throws {@linkcode NotHolderError}, and nothing of it is stored.
+ */
+export interface FencedLease extends Lease {
+  /**
+   * Stores `value` under the data key `key`, fenced by this tenure.
+   *
+   * @returns The entry's revision.
+   * @example
+   * ```ts ignore
+   * await leases.guard("orders", (lease) => (lease as FencedLease).put("orders.total", "42"));
+   * ```
+   */
+  put(key: string, value: Uint8Array | string): Promise<number>;
+  /**
+   * Deletes the data key `key`, fenced by this tenure.
+   *
+   * @returns The delete marker's revision.
+   * @example
+   * ```ts ignore
+   * await leases.guard("orders", (lease) => (lease as FencedLease).delete("orders.draft"));
+   * ```
+   */
+  delete(key: string): Promise<number>;
+  /**
+   * Stores 1 to 1,000 puts and deletes all or nothing (nats-server 2.12+
+   * and a stream with `allow_atomic`), fenced by this tenure.
+   *
+   * @returns The last revision, and how many were stored.
+   * @example
+   * ```ts ignore
+   * await leases.guard("orders", (lease) =>
+   *   (lease as FencedLease).commit([{ put: "a", value: "1" }, { delete: "b" }]));
+   * ```
+   */
+  commit(ops: readonly FencedOp[]): Promise<{ seq: number; count: number }>;
+}
+
 /** Who holds a key, as reported by {@linkcode LeaseManager.holder}. */
 export interface Holder {
   /** The holder's node id. */

@@ -845,4 +845,51 @@ export const MUTANTS: readonly Mutant[] = [
     what:
       "a renewal expects no entry instead of the session's own revision: it is refused, and the session ends",
   },
+  {
+    id: "MF1",
+    file: "lease/manager.ts",
+    find: `        data,
+        fence: { subject: f.subject, seq: this.epoch },`,
+    replace: `        data,
+        fence: { subject: f.data(key), seq: this.epoch },`,
+    test: "sim_test.ts",
+    name: "fenced bucket",
+    what:
+      "a fenced write is checked against its own data subject, not the key's tenure entry: the holder's writes are refused",
+  },
+  {
+    id: "MF2",
+    file: "lease/manager.ts",
+    find: `        if (!st.held) continue;
+        st.held = false;
+        this.#clearExpiry(st);`,
+    replace: `        if (st.held) continue;
+        st.held = false;
+        this.#clearExpiry(st);`,
+    test: "sim_test.ts",
+    name: "fenced bucket",
+    what:
+      "a lost session leaves its keys vouched for until their own deadlines, while waiters elsewhere may take them",
+  },
+  {
+    id: "MF3",
+    file: "lease/manager.ts",
+    find: `          resolve(a === "gone" ? "crashed" : undefined);`,
+    replace: `          resolve(undefined);`,
+    test: "sim_test.ts",
+    name: "fenced bucket",
+    what:
+      "a probe's 'no responders' is ignored: a crashed holder's keys wait for its session to expire",
+  },
+  {
+    id: "MF4",
+    file: "lease/manager.ts",
+    find: `          if (over === undefined) return;
+          found = over;`,
+    replace: `          found = over ?? "crashed";`,
+    test: "sim_test.ts",
+    name: "fenced bucket",
+    what:
+      "a fenced key is taken from a holder whose session lives: two live tenures, the first one's writes refused",
+  },
 ];

@@ -236,7 +236,11 @@ function interestIn(kv: SimKv, subject: string): Set<Sub> {
  * forwarded to a responder, whose reply came back through it).
  */
 class Relay<T> {
-  constructor(readonly start: (answer: (reply: T) => void) => void) {}
+  readonly start: (answer: (reply: T) => void) => void;
+  // No parameter property: Node runs this file by stripping types only.
+  constructor(start: (answer: (reply: T) => void) => void) {
+    this.start = start;
+  }
 }
 
 /** The server's 503 status: nothing listens on the request's subject. */
@@ -913,7 +917,7 @@ export class SimNode implements Target {
               const r = kv.publish(
                 {
                   subject: req.subject,
-                  op: "PUT",
+                  op: req.op ?? "PUT",
                   value,
                   expect: req.fence.seq,
                   expectSubject: req.fence.subject,
@@ -974,7 +978,7 @@ export class SimNode implements Target {
               const r = kv.batch(
                 req.writes.map((w) => ({
                   subject: w.subject,
-                  op: "PUT" as const,
+                  op: w.op ?? "PUT",
                   value: decoder.decode(w.data),
                   expect: req.fence.seq,
                   expectSubject: req.fence.subject,
