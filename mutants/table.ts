@@ -811,6 +811,7 @@ export const MUTANTS: readonly Mutant[] = [
     find: `        h.headers.set(PubHeaders.MessageTTL, [\`\${req.ttl}s\`]);`,
     replace: ``,
     test: "lease_session_test.ts",
+    name: "created with its own TTL",
     what:
       "a session's entry is written without its own TTL: a manager that died keeps it forever, and its keys are never freed by expiry",
   },
@@ -821,6 +822,7 @@ export const MUTANTS: readonly Mutant[] = [
     replace:
       `      false && sent !== undefined && e.operation === undefined &&`,
     test: "lease_session_test.ts",
+    name: "reply was lost",
     what:
       "a renewal applied with its reply lost is not recognised: the session ends at the next renewal, and every key with it",
   },
@@ -831,6 +833,7 @@ export const MUTANTS: readonly Mutant[] = [
     if (tell)`,
     replace: `    if (tell)`,
     test: "lease_session_test.ts",
+    name: "replaced behind its back",
     what:
       "an ended session's responder keeps answering: waiters see a live holder and wait out the TTL instead of taking over",
   },
@@ -842,6 +845,7 @@ export const MUTANTS: readonly Mutant[] = [
     replace: `        expect: 0,
         msgId: tag,`,
     test: "lease_session_test.ts",
+    name: "created with its own TTL",
     what:
       "a renewal expects no entry instead of the session's own revision: it is refused, and the session ends",
   },

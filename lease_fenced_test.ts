@@ -1,0 +1,190 @@
+// A manager on a fenced bucket (issue 33, step 3 of design/fenced.md;
+// `fencedManagerOnPort`, which createLeaseManager does not offer yet), on a
+// real nats-server, against a holder in a process of its own
+// (test_util/fenced_child.ts) that puts to a data key every 50 ms under one
+// lease: SIGKILLed, its key is taken as soon as the server answers its
+// session's probe "no responders", far inside the TTL; SIGSTOPped, its key
+// is taken once its session's entry expires, and when it wakes its next put
+// is refused by the server itself: nothing it writes after the takeover is
+// stored. A server before 2.11.2 is refused before anything is written.
+// Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
+// picks the server binary.
+import { test } from "./test_util/server_logs.ts";
+import assert from "node:assert/strict";
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import { fencedManagerOnPort } from "./lease/fenced.ts";
+import { natsPort } from "./lease/nats_port.ts";
+import { markersVersion } from "./lease/servers.ts";
+import type { LeaseAcquiredEvent } from "./lease/events.ts";
+import type { FencedLease } from "./lease/types.ts";
+import { signal, startChild } from "./test_util/child.ts";
+import { uniq, versionOf } from "./test_util/lease_helpers.ts";
+import {
+  NatsServer,
+  natsServerBinary,
+  pauseProcess,
+  resumeProcess,
+} from "./test_util/nats_server.ts";
+
+const CHILD = new URL("./test_util/fenced_child.ts", import.meta.url)
+  .pathname;
+const TTL = 5000;
+const FENCED = markersVersion(versionOf(natsServerBinary()))
+  ? false
+  : "fenced buckets need nats-server 2.11.2 or later";
+
+/** A fenced bucket, and a manager on it for `node` over `nc`. */
+async function fencedBucket(nc: NatsConnection) {
+  const bucket = uniq("fb");
+  await new Kvm(nc).create(bucket, { history: 1, markerTTL: 1000 });
+  const open = async (node: string, on: NatsConnection = nc) => {
+    const jsm = await jetstreamManager(on);
+    const si = await jsm.streams.info(`KV_${bucket}`);
+    const port = natsPort(
+      on,
+      jetstream(on),
+      jsm,
+      `KV_${bucket}`,
+      si.config.allow_direct === true,
+      si.created,
+      TTL,
+      { life: 0, peers: new Set() },
+      { pending: [], casCheck: false },
+    );
+    const m = await fencedManagerOnPort(port, {
+      node,
+      ttl: TTL,
+      timeout: TTL / 4,
+      bucket,
+      restartGrace: true,
+      settleTimeout: 1000,
+      idleRelease: undefined,
+      markerLife: 0,
+      signal: undefined,
+    });
+    const found: string[] = [];
+    m.addEventListener("acquired", (e) => {
+      const a = e as LeaseAcquiredEvent;
+      found.push(`${a.found} ${a.grace}`);
+    });
+    return { m, found };
+  };
+  const kv = await new Kvm(nc).open(bucket);
+  const value = async (key: string) => (await kv.get(key))?.string();
+  return { bucket, open, value };
+}
+
+test(
+  "a fenced bucket's manager on a server before 2.11.2 is refused before anything is written",
+  {
+    skip: FENCED ? false : "this server honours fenced buckets",
+  },
+  async () => {
+    await using ns = await NatsServer.start();
+    const nc = await connect({ servers: ns.url });
+    try {
+      const { open, bucket } = await fencedBucket(nc);
+      await assert.rejects(open("a"), (err: Error) => {
+        assert.ok(err instanceof RangeError, String(err));
+        assert.match(err.message, /needs 2\.11\.2 or later/);
+        return true;
+      });
+      const jsm = await jetstreamManager(nc);
+      assert.equal((await jsm.streams.info(`KV_${bucket}`)).state.messages, 0);
+    } finally {
+      await nc.close();
+    }
+  },
+);
+
+test(
+  "a SIGKILLed holder's fenced key is taken as soon as the server says its connection is gone, far inside the TTL, with no grace",
+  {
+    skip: FENCED,
+  },
+  async () => {
+    await using ns = await NatsServer.start();
+    const nc = await connect({ servers: ns.url });
+    const { bucket, open, value } = await fencedBucket(nc);
+    const child = startChild<{ ev: string; epoch?: number }>(CHILD, {
+      NATS_URL: ns.url,
+      LEASE_BUCKET: bucket,
+      LEASE_NODE: "child",
+      LEASE_TTL: String(TTL),
+      LEASE_KEY: "k",
+      DATA_KEY: "x",
+    });
+    const { m, found } = await open("parent");
+    try {
+      const { epoch } = await child.until((e) => e.ev === "holding");
+      let t0 = 0;
+      const taken = m.guard("k", async (lease) => {
+        const took = performance.now() - t0;
+        await (lease as FencedLease).put("x", "parent");
+        return { took, epoch: lease.epoch };
+      }, { wait: true });
+      await new Promise((r) => setTimeout(r, 200));
+      t0 = performance.now();
+      signal(child.pid, "SIGKILL");
+      const got = await taken;
+      console.log(
+        `taken ${got.took.toFixed(1)} ms after the SIGKILL (TTL ${TTL} ms)`,
+      );
+      assert.deepEqual(found, ["crashed 0"]);
+      assert.ok(got.epoch > epoch!);
+      assert.ok(got.took < TTL / 2, `taken ${got.took} ms after the SIGKILL`);
+      assert.equal(await value("x"), "parent");
+    } finally {
+      await child.stop();
+      await m.close();
+      await nc.close();
+    }
+  },
+);
+
+test(
+  "a SIGSTOPped holder's fenced key is taken once its session expires, and the server refuses its next put when it wakes: nothing it writes after the takeover is stored",
+  {
+    skip: FENCED,
+  },
+  async () => {
+    await using ns = await NatsServer.start();
+    const nc = await connect({ servers: ns.url });
+    const { bucket, open, value } = await fencedBucket(nc);
+    const child = startChild<{ ev: string; n?: number; name?: string }>(CHILD, {
+      NATS_URL: ns.url,
+      LEASE_BUCKET: bucket,
+      LEASE_NODE: "child",
+      LEASE_TTL: String(TTL),
+      LEASE_KEY: "k",
+      DATA_KEY: "x",
+    }, { untilMs: 30_000 });
+    const { m, found } = await open("parent");
+    try {
+      await child.until((e) => e.ev === "holding");
+      await pauseProcess(child.pid);
+      const stopped = performance.now();
+      const took = await m.guard("k", async (lease) => {
+        await (lease as FencedLease).put("x", "parent");
+        return performance.now() - stopped;
+      }, { wait: true });
+      console.log(`taken ${took.toFixed(0)} ms after the SIGSTOP (TTL ${TTL})`);
+      assert.deepEqual(found, ["session-ended 0"]);
+      // Its session expired: at most a TTL after its last renewal (which was
+      // before the stop), plus the server's lateness and our checks.
+      assert.ok(took < TTL + 1500, `taken ${took} ms after the SIGSTOP`);
+      assert.equal(await value("x"), "parent");
+      await resumeProcess(child.pid);
+      const refused = await child.until((e) => e.ev === "refused");
+      assert.equal(refused.name, "NotHolderError");
+      assert.equal(await value("x"), "parent", "its late put was not stored");
+    } finally {
+      await child.stop();
+      await m.close();
+      await nc.close();
+    }
+  },
+);

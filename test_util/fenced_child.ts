@@ -1,0 +1,63 @@
+/**
+ * A holder on a fenced bucket in a process of its own (issue 33), so that
+ * `lease_fenced_test.ts` can SIGKILL and SIGSTOP it: connects to NATS_URL,
+ * opens a fenced manager for LEASE_NODE on LEASE_BUCKET (stream
+ * `KV_<bucket>`, made by the test) with LEASE_TTL, takes LEASE_KEY and,
+ * inside that one guarded write, puts `<node>-<n>` to the data key
+ * DATA_KEY every 50 ms until a put is refused. Prints `{"ev":"holding",
+ * "epoch":..}` after the first put, `{"ev":"refused","n":..,"error":..}`
+ * when the server refused one, and exits.
+ *
+ * @module
+ */
+
+import { connect } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { natsPort } from "../lease/nats_port.ts";
+import { fencedManagerOnPort } from "../lease/fenced.ts";
+import type { FencedLease } from "../lease/types.ts";
+import { env, say, sleep } from "./child_preamble.ts";
+
+const bucket = env.LEASE_BUCKET!;
+const node = env.LEASE_NODE!;
+const ttl = Number(env.LEASE_TTL);
+const nc = await connect({ servers: env.NATS_URL!.split(",") });
+const jsm = await jetstreamManager(nc);
+const si = await jsm.streams.info(`KV_${bucket}`);
+const port = natsPort(
+  nc,
+  jetstream(nc),
+  jsm,
+  `KV_${bucket}`,
+  si.config.allow_direct === true,
+  si.created,
+  ttl,
+  { life: 0, peers: new Set() },
+  { pending: [], casCheck: false },
+);
+const leases = await fencedManagerOnPort(port, {
+  node,
+  ttl,
+  timeout: ttl / 4,
+  bucket,
+  restartGrace: true,
+  settleTimeout: 1000,
+  idleRelease: undefined,
+  markerLife: 0,
+  signal: undefined,
+});
+await leases.guard(env.LEASE_KEY!, async (lease) => {
+  const fenced = lease as FencedLease;
+  for (let n = 1;; n++) {
+    try {
+      await fenced.put(env.DATA_KEY!, `${node}-${n}`);
+    } catch (err) {
+      say("refused", { n, error: String(err), name: (err as Error).name });
+      return;
+    }
+    if (n === 1) say("holding", { epoch: lease.epoch });
+    await sleep(50);
+  }
+}, { wait: true });
+await leases.close();
+await nc.close();
