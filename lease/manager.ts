@@ -260,6 +260,54 @@
  *    older epochs) never accepts two tenures under one epoch, at the cost
  *    of refusing that successor until it takes the key anew.
  *
+ * ## The fenced layout (issue 33; internal until `createLeaseManager`
+ * offers it, see `lease/fenced.ts` and `design/fenced.md`)
+ * Tenure entries live at `_lease.k.<key>` and move only at a change of
+ * holder; each names, by its tag, the session of the manager that wrote it
+ * (`lease/session.ts`), whose one entry, renewed every TTL/3 with a TTL of
+ * its own, keeps every key of that manager. Points 1-4 and 9 change; 5-8
+ * and 10 hold as written, with "renewal" read as the session's.
+ * - F1. **The server fences.** A fenced write of the tenure at epoch E is
+ *   stored only while the key's tenure entry is still at revision E: the
+ *   check and the write are one step at the stream leader (nats-server
+ *   2.11+; `Port.publish`, `Port.commit`). A successor's compare-and-set
+ *   moves the entry past E, so no fenced write of a tenure is stored after
+ *   a later tenure of its key began. The simulator's PF checks this on
+ *   the stored log, not on the manager's word.
+ * - F2. **The epoch moves only when the holder changes**: nothing of the
+ *   manager's renewals writes a tenure entry, so a fenced write in flight
+ *   is never refused by our own renewal.
+ * - F3. **A session ends for good**: its renewal is a compare-and-set on
+ *   its own last revision, and an expiry (a `MaxAge` marker) or a delete
+ *   moves that revision, so it is never revived. When it ends, every key
+ *   it kept ends with it at once, and a new session (a new id) takes keys
+ *   anew.
+ * - F4. **What a fenced key is vouched for by**: the session's last
+ *   confirmed renewal, sent at `s`, keeps the session's entry until at
+ *   least `s + TTL` (stamped on arrival, a TTL rounded up to whole
+ *   seconds, expiry never early), so `throwIfLost()`, `held()`, events and
+ *   lease-checked guards vouch until then, as point 2 does for a key's own
+ *   CAS. A guard with `check: "cas"` reads the tenure entry from the
+ *   stream leader at its commit point instead of writing it (F2). Only
+ *   writes that are not fenced rest on this; F1 needs none of it.
+ * - F5. **A takeover owes no grace.** A key is taken when its tenure
+ *   entry is free (none, a delete, a marker), or names a session that is
+ *   over: its entry gone, expired or never there, or its connection gone
+ *   (the server answers its probe "no responders" at once; a paused or
+ *   cut-off holder's probe times out, which proves nothing). The second
+ *   may displace a holder that is alive but whose connection the server
+ *   dropped; F1 still holds, and that holder's writes that are not fenced
+ *   are the store's to refuse, as they always are after a grace runs out.
+ *   Residue: a probe through a server that has not yet learned of the
+ *   holder's subscription (a route, a leaf node) is answered "no
+ *   responders" too (the port's `serve` resolves once the holder's own
+ *   server has it; a route carried it within 1.5 ms here).
+ * - F6. **A server that loses acknowledged writes** can lose a tenure
+ *   entry's write: a successor may then take the key at the same revision
+ *   E, and the old holder's fenced writes expecting E land under the new
+ *   tenure. Fenced buckets need `sync_interval: always`, or replicas whose
+ *   quorum kept the write (see Durability).
+ *
  * @module
  */
 
