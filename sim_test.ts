@@ -24,6 +24,7 @@ import { Scheduler, type SimEvent, type Target } from "./sim/scheduler.ts";
 import { Trace } from "./sim/trace.ts";
 import { Session } from "./lease/session.ts";
 import { fencedManagerOnPort } from "./lease/fenced.ts";
+import { runFencedBatch } from "./sim/fenced.ts";
 import { NotHolderError } from "./lease/errors.ts";
 import type { LeaseAcquiredEvent, LeaseLostEvent } from "./lease/events.ts";
 import type { FencedLease, Lease } from "./lease/types.ts";
@@ -1344,4 +1345,34 @@ describe("a manager on a fenced bucket, on the simulated port", () => {
     assert.ok("v" in again, String("e" in again && again.e));
     assert.ok(kv.last("$KV.b._lease.s.ai2")?.value === "a");
   });
+});
+
+describe("random histories on a fenced bucket (sim/fenced.ts)", () => {
+  test("200 histories on the real lease code pass PF, PF0, PR, PT, P3, P7 and P5F", async () => {
+    const b = await runFencedBatch({ seeds: 200 });
+    assert.equal(
+      b.failed,
+      0,
+      b.first?.violations.map((v) => `${v.property}: ${v.message}`).join("\n"),
+    );
+    // The histories exercise what the properties judge.
+    assert.ok(b.stored > 1000 && b.refused > 10, JSON.stringify(b));
+    assert.ok(
+      (b.found.crashed ?? 0) > 0 && (b.found["session-ended"] ?? 0) > 0,
+    );
+  });
+
+  for (
+    const [flaw, want] of [
+      ["subject-check-skipped", "PF"],
+      ["subject-check-ignored", "PR"],
+      ["ttl-ignored", "P5F"],
+    ] as const
+  ) {
+    test(`a server whose ${flaw} is caught by ${want}`, async () => {
+      const b = await runFencedBatch({ seeds: 100, flaw, stop: true });
+      assert.ok(b.first !== undefined, "caught");
+      assert.equal(b.first.violations[0]!.property, want);
+    });
+  }
 });

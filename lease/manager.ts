@@ -730,6 +730,8 @@ export class Manager extends EventTarget implements LeaseManager {
   readonly #fenced: FencedSettings | undefined;
   /** The current session of the fenced layout (`undefined` between two). */
   #session: Session | undefined;
+  /** Session checks waiting on a probe's answer: close() ends them. */
+  readonly #probeWaits = new Set<(a: AcquiredFrom | undefined) => void>();
   /** Recent checks of other managers' sessions, by session id. */
   readonly #sessionChecks = new Map<
     string,
@@ -1078,15 +1080,17 @@ export class Manager extends EventTarget implements LeaseManager {
     // that (silence proves nothing).
     const dead = entry.then((e) => {
       if (e === null || e.kind !== "put") return "session-ended" as const;
+      // Once closing, no timer of ours may outlive close().
+      if (this.#closing) return undefined;
       return new Promise<AcquiredFrom | undefined>((resolve) => {
-        const timer = this.#port.setTimer(
-          () => resolve(undefined),
-          SESSION_CHECK,
-        );
-        void answer.then((a) => {
+        const done = (a: AcquiredFrom | undefined) => {
           this.#port.clearTimer(timer);
-          resolve(a === "gone" ? "crashed" : undefined);
-        });
+          this.#probeWaits.delete(done);
+          resolve(a);
+        };
+        const timer = this.#port.setTimer(() => done(undefined), SESSION_CHECK);
+        this.#probeWaits.add(done);
+        void answer.then((a) => done(a === "gone" ? "crashed" : undefined));
       });
     });
     this.#sessionChecks.set(id, { at: now, dead });
@@ -2872,6 +2876,7 @@ export class Manager extends EventTarget implements LeaseManager {
     for (const st of keys) this.#clearExpiry(st);
     this.#keys.clear();
     await this.#waitFor(unwatched, this.#timeout);
+    for (const done of [...this.#probeWaits]) done(undefined);
     // The keys are released: the session's entry goes, and its responder.
     const session = this.#session;
     this.#session = undefined;

@@ -17,6 +17,8 @@
 #                   markers changed at run time, T2: a restart that loses
 #                   a tail under clients of a leaf node; default 3000; 0
 #                   skips)
+#   SIM_CI_FENCED   histories of the fenced layout (sim/fenced.ts; default
+#                   3000; 0 skips)
 #   SIM_LEASE       the lease module to simulate (default lease.ts)
 set -uo pipefail
 
@@ -87,6 +89,33 @@ if ((focus_seeds > 0)); then
     else
       echo "sim ci: $focus_seeds histories focused on ${focus#*:} (--focus $id): FAILED"
       head -n 60 "$logs/focus-$id.log"
+      failed=$((failed + 1))
+    fi
+  done
+fi
+
+# 1c. The fenced layout (issue 33, sim/fenced.ts): its own histories on the
+# real lease code must all pass, and each flaw of the simulated server that
+# breaks what it checks must be caught by the property expected.
+fenced_seeds="${SIM_CI_FENCED:-3000}"
+if ((fenced_seeds > 0)); then
+  start=$SECONDS
+  if "$deno" run -A sim/fenced.ts --seeds "$fenced_seeds" >"$logs/fenced.log" 2>&1; then
+    echo "sim ci: $(tail -n 1 "$logs/fenced.log" | sed 's/^sim //'): PASS ($((SECONDS - start)) s)"
+  else
+    echo "sim ci: $fenced_seeds fenced histories: FAILED"
+    tail -n 20 "$logs/fenced.log"
+    failed=$((failed + 1))
+  fi
+  for pair in subject-check-skipped:PF subject-check-ignored:PR ttl-ignored:P5F; do
+    flaw="${pair%%:*}" want="${pair#*:}"
+    "$deno" run -A sim/fenced.ts --seeds 2000 --flaw "$flaw" --stop >"$logs/flaw.log" 2>&1
+    got="$(sed -n 's/^seed \([0-9]*\): \([A-Z0-9]*\):.*/\1 \2/p' "$logs/flaw.log" | head -n 1)"
+    if [[ "${got#* }" == "$want" ]]; then
+      echo "sim ci: fenced histories on a server whose $flaw: caught by $want at seed ${got% *}: PASS"
+    else
+      echo "sim ci: fenced histories on a server whose $flaw: expected $want, got '${got:-nothing}': FAILED"
+      tail -n 5 "$logs/flaw.log"
       failed=$((failed + 1))
     fi
   done

@@ -216,6 +216,19 @@ interface Sub {
  */
 const interest = new WeakMap<SimKv, Map<string, Set<Sub>>>();
 
+/**
+ * Whether a process's responder on `subject` has been stopped (its UNSUB
+ * sent): for the checks, which ask whether a session was over at its owner.
+ *
+ * @param kv The simulated server.
+ * @param subject A responder's subject.
+ * @returns `true` once every responder ever started on it was stopped.
+ */
+export function responderStopped(kv: SimKv, subject: string): boolean {
+  const subs = interest.get(kv)?.get(subject);
+  return subs === undefined || [...subs].every((s) => s.stopped);
+}
+
 function interestIn(kv: SimKv, subject: string): Set<Sub> {
   let bySubject = interest.get(kv);
   if (bySubject === undefined) {
