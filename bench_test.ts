@@ -193,3 +193,31 @@ test(
     }
   },
 );
+
+test(
+  `bench/fenced.ts --smoke prints each row beside its bare operation, and finite medians${
+    skip ? ` [skipped: ${skip}]` : ""
+  }`,
+  { timeout: 60_000, skip },
+  async () => {
+    const run = await runScript(
+      fileURLToPath(new URL("./bench/fenced.ts", import.meta.url)),
+      ["--smoke"],
+    );
+    assert.equal(run.code, 0, `bench/fenced.ts failed:\n${run.stderr}`);
+    for (
+      const row of [
+        /^\| fenced put by a held lease \| .* \| bare js\.publish \|/m,
+        /^\| lease-checked guard \+ fenced put \|/m,
+        /^\| free key: guard \+ release, fenced \| .* \| the same on the classic layout \|/m,
+      ]
+    ) assert.match(run.stdout, row);
+    const report = JSON.parse(run.stdout.trim().split("\n").at(-1)!) as {
+      p50: Record<string, number | null>;
+    };
+    for (const [k, v] of Object.entries(report.p50)) {
+      if (k === "commit10" && v === null) continue; // before 2.12
+      assert.ok(typeof v === "number" && v > 0 && Number.isFinite(v), k);
+    }
+  },
+);
