@@ -10,6 +10,9 @@
 // Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
 // picks the server binary.
 import { test } from "./test_util/server_logs.ts";
+import * as fs from "node:fs";
+import process from "node:process";
+import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
@@ -32,6 +35,11 @@ import {
 const CHILD = new URL("./test_util/fenced_child.ts", import.meta.url)
   .pathname;
 const TTL = 5000;
+const ROLLBACK_BIN = process.env.NATS_ROLLBACK_BIN ??
+  fileURLToPath(new URL("./.tools/bin/nats-server-2.10.22", import.meta.url));
+const ROLLBACK_VERSION = fs.existsSync(ROLLBACK_BIN)
+  ? versionOf(ROLLBACK_BIN)
+  : undefined;
 const FENCED = markersVersion(versionOf(natsServerBinary()))
   ? false
   : "fenced buckets need nats-server 2.11.2 or later";
@@ -40,24 +48,25 @@ const FENCED = markersVersion(versionOf(natsServerBinary()))
 async function fencedBucket(nc: NatsConnection) {
   const bucket = uniq("fb");
   await new Kvm(nc).create(bucket, { history: 1, markerTTL: 1000 });
-  const open = async (node: string, on: NatsConnection = nc) => {
-    const jsm = await jetstreamManager(on);
+  const open = async (node: string, on: NatsConnection = nc, ttl = TTL) => {
+    // Requests time out as createLeaseManager's do: a TTL/4.
+    const jsm = await jetstreamManager(on, { timeout: ttl / 4 });
     const si = await jsm.streams.info(`KV_${bucket}`);
     const port = natsPort(
       on,
-      jetstream(on),
+      jetstream(on, { timeout: ttl / 4 }),
       jsm,
       `KV_${bucket}`,
       si.config.allow_direct === true,
       si.created,
-      TTL,
+      ttl,
       { life: 0, peers: new Set() },
       { pending: [], casCheck: false },
     );
     const m = await fencedManagerOnPort(port, {
       node,
-      ttl: TTL,
-      timeout: TTL / 4,
+      ttl,
+      timeout: ttl / 4,
       bucket,
       restartGrace: true,
       settleTimeout: 1000,
@@ -183,6 +192,95 @@ test(
       assert.equal(await value("x"), "parent", "its late put was not stored");
     } finally {
       await child.stop();
+      await m.close();
+      await nc.close();
+    }
+  },
+);
+
+test(
+  `a fenced manager's server rolled back to ${
+    ROLLBACK_VERSION ?? "2.10.22"
+  } (same store and port), then forward again: not one fenced write is stored on the old server, every guard there is refused, and writes resume once the new server is back`,
+  {
+    skip: FENCED ||
+      (ROLLBACK_VERSION === undefined
+        ? `no ${ROLLBACK_BIN} (scripts/setup.sh builds it; NATS_ROLLBACK_BIN names another)`
+        : markersVersion(ROLLBACK_VERSION)
+        ? `${ROLLBACK_BIN} is ${ROLLBACK_VERSION}, which has fenced buckets`
+        : false),
+  },
+  async () => {
+    await using ns = await NatsServer.start();
+    const current = ns.binary;
+    const nc = await connect({
+      servers: ns.url,
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: 100,
+    });
+    const ttl = 2000;
+    const { open, value } = await fencedBucket(nc);
+    const { m } = await open("a", nc, ttl);
+    // A writer that tries a fenced put every 50 ms, and what came of each.
+    let server = ns.version;
+    const stored: { n: number; server: string }[] = [];
+    const refused = new Map<string, number>();
+    let stop = false;
+    const writer = (async () => {
+      for (let n = 1; !stop; n++) {
+        const on = server;
+        try {
+          await m.guard("k", (l) => (l as FencedLease).put("x", String(n)));
+          stored.push({ n, server: on });
+        } catch (err) {
+          const k = `${(err as Error).name} on ${on}`;
+          refused.set(k, (refused.get(k) ?? 0) + 1);
+        }
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    })();
+    try {
+      while (stored.length < 5) await new Promise((r) => setTimeout(r, 50));
+      server = "stopping";
+      await ns.stop();
+      const before = stored.at(-1)!.n;
+      await ns.restart({ binary: ROLLBACK_BIN });
+      server = ns.version;
+      // Longer than the TTL: the session cannot be renewed there either.
+      await new Promise((r) => setTimeout(r, 3 * ttl));
+      assert.deepEqual(
+        stored.filter((s) => s.server === ROLLBACK_VERSION),
+        [],
+        "a fenced write stored on the old server",
+      );
+      assert.equal(await value("x"), String(before), "what the old server has");
+      assert.ok(
+        (refused.get(`RangeError on ${ROLLBACK_VERSION}`) ?? 0) +
+            (refused.get(`UnavailableError on ${ROLLBACK_VERSION}`) ?? 0) > 10,
+        JSON.stringify([...refused]),
+      );
+      server = "stopping";
+      await ns.stop();
+      await ns.restart({ binary: current });
+      server = ns.version;
+      const back = performance.now();
+      while (!stored.some((s) => s.server === ns.version && s.n > before)) {
+        assert.ok(
+          performance.now() - back < 10 * ttl,
+          `no write on ${ns.version} again: ${JSON.stringify([...refused])}`,
+        );
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      console.log(
+        `writing again ${
+          (performance.now() - back).toFixed(0)
+        } ms after ${ns.version} was back; refused meanwhile: ${
+          JSON.stringify([...refused])
+        }`,
+      );
+    } finally {
+      stop = true;
+      await writer;
       await m.close();
       await nc.close();
     }

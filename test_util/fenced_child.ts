@@ -22,11 +22,12 @@ const bucket = env.LEASE_BUCKET!;
 const node = env.LEASE_NODE!;
 const ttl = Number(env.LEASE_TTL);
 const nc = await connect({ servers: env.NATS_URL!.split(",") });
-const jsm = await jetstreamManager(nc);
+// Requests time out as createLeaseManager's do: a TTL/4.
+const jsm = await jetstreamManager(nc, { timeout: ttl / 4 });
 const si = await jsm.streams.info(`KV_${bucket}`);
 const port = natsPort(
   nc,
-  jetstream(nc),
+  jetstream(nc, { timeout: ttl / 4 }),
   jsm,
   `KV_${bucket}`,
   si.config.allow_direct === true,
