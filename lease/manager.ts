@@ -305,8 +305,13 @@
  * - F6. **A server that loses acknowledged writes** can lose a tenure
  *   entry's write: a successor may then take the key at the same revision
  *   E, and the old holder's fenced writes expecting E land under the new
- *   tenure. Fenced buckets need `sync_interval: always`, or replicas whose
- *   quorum kept the write (see Durability).
+ *   tenure. A lease sends a fenced write only while `throwIfLost()` passes,
+ *   so from the drop that such a restart causes (point 10's suspension)
+ *   and after its tenure ends it sends none; what remains is a write sent
+ *   before the drop and delivered after it (nats.js resends what it held),
+ *   and a holder whose connection did not drop (a leaf client, a cluster
+ *   peer that kept running). Fenced buckets need `sync_interval: always`,
+ *   or replicas whose quorum kept the write (see Durability).
  *
  * @module
  */
@@ -571,6 +576,7 @@ class HeldLease implements FencedLease {
         }`,
       );
     });
+    this.throwIfLost(); // as #publish
     let res: CommitResult;
     try {
       res = await commit({
@@ -622,6 +628,10 @@ class HeldLease implements FencedLease {
         `Cannot write '${key}' as this port cannot publish fenced writes`,
       );
     }
+    // Sent only while this lease is vouched for (F6): the server fences it
+    // anyway, except after losing the writes it acknowledged, when our
+    // epoch's revision may have been handed to a successor.
+    this.throwIfLost();
     let res: WriteResult;
     try {
       res = await publish({

@@ -878,8 +878,9 @@ export const MUTANTS: readonly Mutant[] = [
   {
     id: "MF3",
     file: "lease/manager.ts",
-    find: `          resolve(a === "gone" ? "crashed" : undefined);`,
-    replace: `          resolve(undefined);`,
+    find:
+      `void answer.then((a) => done(a === "gone" ? "crashed" : undefined));`,
+    replace: `void answer.then(() => done(undefined));`,
     test: "sim_test.ts",
     name: "fenced bucket",
     what:

@@ -381,7 +381,9 @@ export async function runFencedHistory(
         trace.add(sched.now, key, m.label, () => `write #${id} stored`);
         return true;
       } catch (err) {
-        if ((err as Error).name === "NotHolderError") {
+        // Refused by the server (not before sending: a lease no longer
+        // vouched for sends nothing).
+        if (/the server refused/.test((err as Error).message)) {
           refused++;
           // PR: refused only once the tenure is over at the server (its
           // entry only moves on, so one still at the epoch now was then).
