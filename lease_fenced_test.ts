@@ -169,15 +169,16 @@ test(
     await using ns = await NatsServer.start();
     const nc = await connect({ servers: ns.url });
     const { bucket, open, value } = await fencedBucket(nc);
+    const ttl = 2000;
     const child = startChild<{ ev: string; n?: number; name?: string }>(CHILD, {
       NATS_URL: ns.url,
       LEASE_BUCKET: bucket,
       LEASE_NODE: "child",
-      LEASE_TTL: String(TTL),
+      LEASE_TTL: String(ttl),
       LEASE_KEY: "k",
       DATA_KEY: "x",
     }, { untilMs: 30_000 });
-    const { m, found } = await open("parent");
+    const { m, found } = await open("parent", nc, ttl);
     try {
       await child.until((e) => e.ev === "holding");
       await pauseProcess(child.pid);
@@ -186,11 +187,11 @@ test(
         await (lease as FencedLease).put("x", "parent");
         return performance.now() - stopped;
       }, { wait: true });
-      console.log(`taken ${took.toFixed(0)} ms after the SIGSTOP (TTL ${TTL})`);
+      console.log(`taken ${took.toFixed(0)} ms after the SIGSTOP (TTL ${ttl})`);
       assert.deepEqual(found, ["session-ended 0"]);
       // Its session expired: at most a TTL after its last renewal (which was
       // before the stop), plus the server's lateness and our checks.
-      assert.ok(took < TTL + 1500, `taken ${took} ms after the SIGSTOP`);
+      assert.ok(took < ttl + 1500, `taken ${took} ms after the SIGSTOP`);
       assert.equal(await value("x"), "parent");
       await resumeProcess(child.pid);
       // Refused before it is sent (its lease is no longer vouched for), or
