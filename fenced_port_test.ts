@@ -13,13 +13,13 @@ import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { createLeaseManager } from "./mod.ts";
-import { natsPort } from "./lease/nats_port.ts";
 import { MAX_BATCH } from "./lease/port.ts";
 import { atomicVersion, fenceVersion } from "./lease/servers.ts";
 import { signal, startChild } from "./test_util/child.ts";
 import { uniq } from "./test_util/lease_helpers.ts";
+import { portOn } from "./test_util/port.ts";
 import {
   NatsCluster,
   NatsServer,
@@ -73,17 +73,7 @@ async function fencedBucket(nc: NatsConnection, atomic: boolean) {
       } as Parameters<typeof jsm.streams.update>[1],
     );
   }
-  const port = natsPort(
-    nc,
-    jetstream(nc),
-    jsm,
-    stream,
-    si.config.allow_direct === true,
-    si.created,
-    5000,
-    { life: 0, peers: new Set() },
-    { pending: [], casCheck: false },
-  );
+  const port = await portOn(nc, stream);
   const tenure = `$KV.${bucket}.k`;
   const take = (value: string, expect: number) =>
     port.write({
@@ -202,19 +192,7 @@ test("a fenced commit is stored whole under its tenure and refused whole once a 
 });
 
 /** The production port on `nc`, for `serve` and `probe` (no stream used). */
-async function barePort(nc: NatsConnection) {
-  return natsPort(
-    nc,
-    jetstream(nc),
-    await jetstreamManager(nc),
-    "unused",
-    false,
-    "",
-    5000,
-    { life: 0, peers: new Set() },
-    { pending: [], casCheck: false },
-  );
-}
+const barePort = (nc: NatsConnection) => portOn(nc);
 
 /**
  * Probes `subject` every few milliseconds (20 ms timeouts) until `want`,

@@ -16,15 +16,15 @@ import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { fencedManagerOnPort } from "./lease/fenced.ts";
-import { natsPort } from "./lease/nats_port.ts";
 import { markersVersion } from "./lease/servers.ts";
 import type { LeaseAcquiredEvent } from "./lease/events.ts";
 import type { FencedLease } from "./lease/types.ts";
 import { signal, startChild } from "./test_util/child.ts";
 import { uniq, versionOf } from "./test_util/lease_helpers.ts";
+import { portOn } from "./test_util/port.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 import {
   NatsServer,
@@ -56,19 +56,8 @@ async function fencedBucket(nc: NatsConnection) {
     timeout = ttl / 4,
   ) => {
     // Requests time out as createLeaseManager's do: a TTL/4 by default.
-    const jsm = await jetstreamManager(on, { timeout });
-    const si = await jsm.streams.info(`KV_${bucket}`);
-    const port = natsPort(
-      on,
-      jetstream(on, { timeout }),
-      jsm,
-      `KV_${bucket}`,
-      si.config.allow_direct === true,
-      si.created,
-      ttl,
-      { life: 0, peers: new Set() },
-      { pending: [], casCheck: false },
-    );
+    const port = await portOn(on, `KV_${bucket}`, ttl, timeout);
+
     const m = await fencedManagerOnPort(port, {
       node,
       ttl,

@@ -11,14 +11,14 @@ import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { natsPort } from "./lease/nats_port.ts";
 import type { Port, WriteRequest } from "./lease/port.ts";
 import { markersVersion } from "./lease/servers.ts";
 import { Session } from "./lease/session.ts";
 import { sleep, uniq, versionOf } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
+import { portOn } from "./test_util/port.ts";
 
 /** Sessions need markers for per-message TTL expiries (2.11.2+). */
 const SESSIONS = markersVersion(versionOf(natsServerBinary()))
@@ -34,18 +34,8 @@ async function sessionBucket(nc: NatsConnection) {
   await new Kvm(nc).create(bucket, { history: 1, markerTTL: 1000 });
   const jsm = await jetstreamManager(nc);
   const stream = `KV_${bucket}`;
-  const si = await jsm.streams.info(stream);
-  const port = natsPort(
-    nc,
-    jetstream(nc),
-    jsm,
-    stream,
-    si.config.allow_direct === true,
-    si.created,
-    5000,
-    { life: 0, peers: new Set() },
-    { pending: [], casCheck: false },
-  );
+  const port = await portOn(nc, stream);
+
   const open = (ttl: number, p: Port = port) =>
     Session.open({
       port: p,

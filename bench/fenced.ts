@@ -30,10 +30,10 @@ import { Kvm } from "@nats-io/kv";
 import { createLeaseManager } from "../mod.ts";
 import { fencedManagerOnPort } from "../lease/fenced.ts";
 import type { Manager } from "../lease/manager.ts";
-import { natsPort } from "../lease/nats_port.ts";
 import { atomicVersion } from "../lease/servers.ts";
 import type { FencedLease } from "../lease/types.ts";
 import { NatsServer } from "../test_util/nats_server.ts";
+import { portOn } from "../test_util/port.ts";
 
 function parse(argv: string[]): { n: number } {
   if (argv.length === 1 && argv[0] === "--smoke") return { n: 20 };
@@ -79,17 +79,7 @@ async function fencedManager(
       >[1],
     );
   }
-  const port = natsPort(
-    nc,
-    jetstream(nc),
-    jsm,
-    `KV_${bucket}`,
-    si.config.allow_direct === true,
-    si.created,
-    5000,
-    { life: 0, peers: new Set() },
-    { pending: [], casCheck: false },
-  );
+  const port = await portOn(nc, `KV_${bucket}`, 5000, 1250);
   return await fencedManagerOnPort(port, {
     node: "bench",
     ttl: 5000,

@@ -332,7 +332,7 @@ import { checkKey, checkSignal, describe } from "./input.ts";
 import type { Session } from "./session.ts";
 import {
   BucketGone,
-  type CommitResult,
+  type Fence,
   type LinkChange,
   type Port,
   type RawEntry,
@@ -576,27 +576,11 @@ class HeldLease implements FencedLease {
         }`,
       );
     });
-    this.throwIfLost(); // as #publish
-    let res: CommitResult;
-    try {
-      res = await commit({
-        writes,
-        fence: { subject: f.subject, seq: this.epoch },
-        timeout: f.timeout,
-      });
-    } catch (err) {
-      if (err instanceof RangeError || err instanceof TypeError) throw err;
-      throw new UnavailableError(
-        this.key,
-        `the fenced commit on '${this.key}' got no answer (it may have been stored): ${
-          errText(err)
-        }`,
-        { cause: err },
-      );
-    }
-    if ("seq" in res) return res;
-    f.refused(res.conflict);
-    throw this.#refused(res.conflict);
+    return await this.#send<{ seq: number; count: number }>(
+      f,
+      `the fenced commit on '${this.key}'`,
+      (fence) => commit({ writes, fence, timeout: f.timeout }),
+    );
   }
 
   /** The fence, after checking that `key` may be written by a fenced write. */
@@ -628,32 +612,44 @@ class HeldLease implements FencedLease {
         `Cannot write '${key}' as this port cannot publish fenced writes`,
       );
     }
-    // Sent only while this lease is vouched for (F6): the server fences it
-    // anyway, except after losing the writes it acknowledged, when our
-    // epoch's revision may have been handed to a successor.
+    const res = await this.#send<{ seq: number }>(
+      f,
+      `the fenced write of '${key}'`,
+      (fence) =>
+        publish({ subject: f.data(key), op, data, fence, timeout: f.timeout }),
+    );
+    return res.seq;
+  }
+
+  /**
+   * Sends one fenced request of this tenure and settles it. Sent only
+   * while this lease is vouched for (F6): the server fences it anyway,
+   * except after losing the writes it acknowledged, when our epoch's
+   * revision may have been handed to a successor. A refusal ends the
+   * tenure here too; no answer may mean it was stored.
+   */
+  async #send<R extends { seq: number }>(
+    f: FenceContext,
+    what: string,
+    send: (fence: Fence) => Promise<R | { readonly conflict: number }>,
+  ): Promise<R> {
     this.throwIfLost();
-    let res: WriteResult;
+    let res: R | { readonly conflict: number };
     try {
-      res = await publish({
-        subject: f.data(key),
-        op,
-        data,
-        fence: { subject: f.subject, seq: this.epoch },
-        timeout: f.timeout,
-      });
+      res = await send({ subject: f.subject, seq: this.epoch });
     } catch (err) {
       if (err instanceof RangeError || err instanceof TypeError) throw err;
       throw new UnavailableError(
         this.key,
-        `the fenced write of '${key}' got no answer (it may have been stored): ${
-          errText(err)
-        }`,
+        `${what} got no answer (it may have been stored): ${errText(err)}`,
         { cause: err },
       );
     }
-    if ("seq" in res) return res.seq;
-    f.refused(res.conflict);
-    throw this.#refused(res.conflict);
+    if ("conflict" in res) {
+      f.refused(res.conflict);
+      throw this.#refused(res.conflict);
+    }
+    return res;
   }
 
   #refused(conflict: number): NotHolderError {

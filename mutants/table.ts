@@ -852,14 +852,13 @@ export const MUTANTS: readonly Mutant[] = [
   {
     id: "MF1",
     file: "lease/manager.ts",
-    find: `        data,
-        fence: { subject: f.subject, seq: this.epoch },`,
-    replace: `        data,
-        fence: { subject: f.data(key), seq: this.epoch },`,
+    find: `      res = await send({ subject: f.subject, seq: this.epoch });`,
+    replace:
+      `      res = await send({ subject: f.data(this.key), seq: this.epoch });`,
     test: "sim_test.ts",
     name: "fenced bucket",
     what:
-      "a fenced write is checked against its own data subject, not the key's tenure entry: the holder's writes are refused",
+      "a fenced write is checked against a data subject, not the key's tenure entry: the holder's writes are refused",
   },
   {
     id: "MF2",

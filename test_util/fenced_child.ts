@@ -12,30 +12,17 @@
  */
 
 import { connect } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { natsPort } from "../lease/nats_port.ts";
 import { fencedManagerOnPort } from "../lease/fenced.ts";
 import type { FencedLease } from "../lease/types.ts";
 import { env, say, sleep } from "./child_preamble.ts";
+import { portOn } from "./port.ts";
 
 const bucket = env.LEASE_BUCKET!;
 const node = env.LEASE_NODE!;
 const ttl = Number(env.LEASE_TTL);
 const nc = await connect({ servers: env.NATS_URL!.split(",") });
 // Requests time out as createLeaseManager's do: a TTL/4.
-const jsm = await jetstreamManager(nc, { timeout: ttl / 4 });
-const si = await jsm.streams.info(`KV_${bucket}`);
-const port = natsPort(
-  nc,
-  jetstream(nc, { timeout: ttl / 4 }),
-  jsm,
-  `KV_${bucket}`,
-  si.config.allow_direct === true,
-  si.created,
-  ttl,
-  { life: 0, peers: new Set() },
-  { pending: [], casCheck: false },
-);
+const port = await portOn(nc, `KV_${bucket}`, ttl);
 const leases = await fencedManagerOnPort(port, {
   node,
   ttl,

@@ -9,23 +9,12 @@
  */
 
 import { connect } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { natsPort } from "../lease/nats_port.ts";
 import { env, say } from "./child_preamble.ts";
+import { portOn } from "./port.ts";
 
 const nc = await connect({ servers: env.NATS_URL!.split(",") });
-// `serve` needs only the connection: the stream arguments are never used.
-const port = natsPort(
-  nc,
-  jetstream(nc),
-  await jetstreamManager(nc),
-  "unused",
-  false,
-  "",
-  5000,
-  { life: 0, peers: new Set() },
-  { pending: [], casCheck: false },
-);
+// `serve` needs only the connection: a bare port.
+const port = await portOn(nc);
 await port.serve!(env.PROBE_SUBJECT!);
 say("serving");
 // Kept alive by the subscription; the parent kills it.
