@@ -249,7 +249,7 @@ test(
       await ns.restart({ binary: ROLLBACK_BIN });
       server = ns.version;
       // Longer than the TTL: the session cannot be renewed there either.
-      await new Promise((r) => setTimeout(r, 3 * ttl));
+      await new Promise((r) => setTimeout(r, 2 * ttl));
       assert.deepEqual(
         stored.filter((s) => s.server === ROLLBACK_VERSION),
         [],

@@ -856,7 +856,7 @@ export const MUTANTS: readonly Mutant[] = [
     replace:
       `      res = await send({ subject: f.data(this.key), seq: this.epoch });`,
     test: "sim_test.ts",
-    name: "fenced bucket",
+    name: "a manager on a fenced bucket",
     what:
       "a fenced write is checked against a data subject, not the key's tenure entry: the holder's writes are refused",
   },
@@ -870,7 +870,7 @@ export const MUTANTS: readonly Mutant[] = [
         st.held = false;
         this.#clearExpiry(st);`,
     test: "sim_test.ts",
-    name: "fenced bucket",
+    name: "a manager on a fenced bucket",
     what:
       "a lost session leaves its keys vouched for until their own deadlines, while waiters elsewhere may take them",
   },
@@ -881,7 +881,7 @@ export const MUTANTS: readonly Mutant[] = [
       `void answer.then((a) => done(a === "gone" ? "crashed" : undefined));`,
     replace: `void answer.then(() => done(undefined));`,
     test: "sim_test.ts",
-    name: "fenced bucket",
+    name: "a manager on a fenced bucket",
     what:
       "a probe's 'no responders' is ignored: a crashed holder's keys wait for its session to expire",
   },
@@ -892,7 +892,7 @@ export const MUTANTS: readonly Mutant[] = [
           found = over;`,
     replace: `          found = over ?? "crashed";`,
     test: "sim_test.ts",
-    name: "fenced bucket",
+    name: "a manager on a fenced bucket",
     what:
       "a fenced key is taken from a holder whose session lives: two live tenures, the first one's writes refused",
   },

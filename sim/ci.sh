@@ -18,7 +18,7 @@
 #                   a tail under clients of a leaf node; default 3000; 0
 #                   skips)
 #   SIM_CI_FENCED   histories of the fenced layout (sim/fenced.ts; default
-#                   2000; 0 skips)
+#                   1000; 0 skips)
 #   SIM_LEASE       the lease module to simulate (default lease.ts)
 set -uo pipefail
 
@@ -97,7 +97,7 @@ fi
 # 1c. The fenced layout (issue 33, sim/fenced.ts): its own histories on the
 # real lease code must all pass, and each flaw of the simulated server that
 # breaks what it checks must be caught by the property expected.
-fenced_seeds="${SIM_CI_FENCED:-2000}"
+fenced_seeds="${SIM_CI_FENCED:-1000}"
 if ((fenced_seeds > 0)); then
   start=$SECONDS
   if "$deno" run -A sim/fenced.ts --seeds "$fenced_seeds" >"$logs/fenced.log" 2>&1; then
