@@ -15,7 +15,7 @@
 #   SIM_CI_FOCUS    histories in each mutant focus run on lease.ts (L1:
 #                   lease-checked guards, S1: re-created buckets, F3:
 #                   markers changed at run time, T2: a restart that loses
-#                   a tail under clients of a leaf node; default 3000; 0
+#                   a tail under clients of a leaf node; default 2000; 0
 #                   skips)
 #   SIM_CI_FENCED   histories of the fenced layout (sim/fenced.ts; default
 #                   1000; 0 skips)
@@ -72,7 +72,7 @@ cat "$logs"/shard*.log | grep '^sim ' || true
 # F3: markers removed, lowered or rolled back early, holders cut off.
 # T2: a restart losing acknowledged messages in every history, under
 # clients of a leaf node that it does not disconnect (issue 31, point 3).
-focus_seeds="${SIM_CI_FOCUS:-3000}"
+focus_seeds="${SIM_CI_FOCUS:-2000}"
 focuses=("L1:lease-checked guards" "S1:re-created buckets and pauses"
   "F3:markers changed at run time" "T2:leaf clients across a lost tail")
 if ((focus_seeds > 0)); then
