@@ -285,9 +285,10 @@
  * - F4. **What a fenced key is vouched for by**: the session's last
  *   confirmed renewal, sent at `s`, keeps the session's entry until at
  *   least `s + TTL` (stamped on arrival, a TTL rounded up to whole
- *   seconds, expiry never early), so `throwIfLost()`, `held()`, events and
- *   lease-checked guards vouch until then, as point 2 does for a key's own
- *   CAS. A guard with `check: "cas"` reads the tenure entry from the
+ *   seconds, expiry never early). With no grace to absorb clock drift,
+ *   `throwIfLost()`, `held()`, events and lease-checked guards vouch only
+ *   until `s + TTL - 2ρ·TTL` of the local clock (point 9's margin), which
+ *   is also when the session gives itself up. A guard with `check: "cas"` reads the tenure entry from the
  *   stream leader at its commit point instead of writing it (F2). Only
  *   writes that are not fenced rest on this; F1 needs none of it.
  * - F5. **A takeover owes no grace.** A key is taken when its tenure
@@ -2487,8 +2488,12 @@ export class Manager extends EventTarget implements LeaseManager {
       );
     }
     // The server stamps the entry when the CAS arrives, after `sent`, and
-    // expires it no earlier than a TTL later.
-    t.validUntil = Math.max(t.validUntil, sent + this.ttl);
+    // expires it no earlier than a TTL later. On a fenced bucket no grace
+    // absorbs the drift of our clock over that TTL (point 3 does so for the
+    // classic layout): a key is vouched for only until its session's own
+    // deadline, 2ρ·TTL earlier (F4, as point 9's margin).
+    const life = this.#fenced ? this.ttl - this.#margin : this.ttl;
+    t.validUntil = Math.max(t.validUntil, sent + life);
     st.renewAt = sent + this.ttl / 3;
     // Both deadlines only move forward here, so a timer armed for an
     // earlier one fires early and re-arms itself: a guarded write touches
