@@ -18,13 +18,12 @@ import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { fencedManagerOnPort } from "./lease/fenced.ts";
 import { markersVersion } from "./lease/servers.ts";
 import type { LeaseAcquiredEvent } from "./lease/events.ts";
 import type { FencedLease } from "./lease/types.ts";
 import { signal, startChild } from "./test_util/child.ts";
 import { uniq, versionOf } from "./test_util/lease_helpers.ts";
-import { portOn } from "./test_util/port.ts";
+import { fencedManager } from "./test_util/port.ts";
 import { NatsProxy } from "./test_util/proxy.ts";
 import {
   NatsServer,
@@ -55,20 +54,7 @@ async function fencedBucket(nc: NatsConnection) {
     ttl = TTL,
     timeout = ttl / 4,
   ) => {
-    // Requests time out as createLeaseManager's do: a TTL/4 by default.
-    const port = await portOn(on, `KV_${bucket}`, ttl, timeout);
-
-    const m = await fencedManagerOnPort(port, {
-      node,
-      ttl,
-      timeout,
-      bucket,
-      restartGrace: true,
-      settleTimeout: 1000,
-      idleRelease: undefined,
-      markerLife: 0,
-      signal: undefined,
-    });
+    const m = await fencedManager(on, bucket, node, ttl, timeout);
     const found: string[] = [];
     m.addEventListener("acquired", (e) => {
       const a = e as LeaseAcquiredEvent;

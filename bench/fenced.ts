@@ -28,12 +28,11 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { createLeaseManager } from "../mod.ts";
-import { fencedManagerOnPort } from "../lease/fenced.ts";
 import type { Manager } from "../lease/manager.ts";
 import { atomicVersion } from "../lease/servers.ts";
 import type { FencedLease } from "../lease/types.ts";
 import { NatsServer } from "../test_util/nats_server.ts";
-import { portOn } from "../test_util/port.ts";
+import { fencedManager as managerOn } from "../test_util/port.ts";
 
 function parse(argv: string[]): { n: number } {
   if (argv.length === 1 && argv[0] === "--smoke") return { n: 20 };
@@ -79,18 +78,7 @@ async function fencedManager(
       >[1],
     );
   }
-  const port = await portOn(nc, `KV_${bucket}`, 5000, 1250);
-  return await fencedManagerOnPort(port, {
-    node: "bench",
-    ttl: 5000,
-    timeout: 1250,
-    bucket,
-    restartGrace: false,
-    settleTimeout: 1000,
-    idleRelease: undefined,
-    markerLife: 0,
-    signal: undefined,
-  });
+  return await managerOn(nc, bucket, "bench", 5000, 1250);
 }
 
 async function main(): Promise<void> {

@@ -12,28 +12,15 @@
  */
 
 import { connect } from "@nats-io/transport-node";
-import { fencedManagerOnPort } from "../lease/fenced.ts";
 import type { FencedLease } from "../lease/types.ts";
 import { env, say, sleep } from "./child_preamble.ts";
-import { portOn } from "./port.ts";
+import { fencedManager } from "./port.ts";
 
 const bucket = env.LEASE_BUCKET!;
 const node = env.LEASE_NODE!;
 const ttl = Number(env.LEASE_TTL);
 const nc = await connect({ servers: env.NATS_URL!.split(",") });
-// Requests time out as createLeaseManager's do: a TTL/4.
-const port = await portOn(nc, `KV_${bucket}`, ttl);
-const leases = await fencedManagerOnPort(port, {
-  node,
-  ttl,
-  timeout: ttl / 4,
-  bucket,
-  restartGrace: true,
-  settleTimeout: 1000,
-  idleRelease: undefined,
-  markerLife: 0,
-  signal: undefined,
-});
+const leases = await fencedManager(nc, bucket, node, ttl);
 await leases.guard(env.LEASE_KEY!, async (lease) => {
   const fenced = lease as FencedLease;
   for (let n = 1;; n++) {

@@ -9,6 +9,8 @@
 
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { fencedManagerOnPort } from "../lease/fenced.ts";
+import type { Manager } from "../lease/manager.ts";
 import { natsPort } from "../lease/nats_port.ts";
 import type { Port } from "../lease/port.ts";
 
@@ -45,5 +47,45 @@ export async function portOn(
     ttl,
     { life: 0, peers: new Set() },
     { pending: [], casCheck: false },
+  );
+}
+
+/**
+ * A fenced-layout manager for `node` on bucket `bucket` (stream
+ * `KV_<bucket>`), over a port from {@linkcode portOn}: the settings
+ * `createLeaseManager` would resolve (a settle timeout of 1 s, no idle
+ * release, no grace to decide).
+ *
+ * @param nc The connection.
+ * @param bucket The fenced bucket.
+ * @param node The node id.
+ * @param ttl The lease TTL, ms.
+ * @param timeout Request timeout, ms (default TTL/4).
+ * @returns The manager.
+ * @example
+ * ```ts ignore
+ * const m = await fencedManager(nc, bucket, "a", 2000);
+ * ```
+ */
+export async function fencedManager(
+  nc: NatsConnection,
+  bucket: string,
+  node: string,
+  ttl: number,
+  timeout: number = ttl / 4,
+): Promise<Manager> {
+  return await fencedManagerOnPort(
+    await portOn(nc, `KV_${bucket}`, ttl, timeout),
+    {
+      node,
+      ttl,
+      timeout,
+      bucket,
+      restartGrace: true,
+      settleTimeout: 1000,
+      idleRelease: undefined,
+      markerLife: 0,
+      signal: undefined,
+    },
   );
 }
