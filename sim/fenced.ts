@@ -42,7 +42,7 @@ import { type Fate, type Network, responderStopped, SimNode } from "./node.ts";
 import { stream } from "./random.ts";
 import { Scheduler } from "./scheduler.ts";
 import { Trace } from "./trace.ts";
-import type { Violation } from "./world.ts";
+import { drawFate, type Violation } from "./world.ts";
 
 /** Everything a seed decides before a fenced history starts. */
 export interface FencedPlan {
@@ -183,13 +183,7 @@ export async function runFencedHistory(
     delay: () => rNet.between(0.05, plan.maxDelay),
     fate(): Fate {
       const x = rNet.next();
-      if (quiet) return "ok";
-      if (x < plan.lostRequest) return "lostRequest";
-      if (x < plan.lostRequest + plan.lostReply) return "lostReply";
-      if (x < plan.lostRequest + plan.lostReply + plan.lateReply) {
-        return "lateReply";
-      }
-      return "ok";
+      return quiet ? "ok" : drawFate(x, plan);
     },
     lateBy: () => rNet.between(1, ttl),
     timerLate: () => rNet.next(),

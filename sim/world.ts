@@ -690,12 +690,7 @@ export async function runHistory(
         }
         return "ok";
       }
-      if (x < plan.lostRequest) return "lostRequest";
-      if (x < plan.lostRequest + plan.lostReply) return "lostReply";
-      if (x < plan.lostRequest + plan.lostReply + plan.lateReply) {
-        return "lateReply";
-      }
-      return "ok";
+      return drawFate(x, plan);
     },
     sent(node, key, req) {
       if (
@@ -1605,6 +1600,20 @@ export async function runHistory(
     })),
     trace,
   };
+}
+
+/**
+ * A request's fate from a uniform draw `x`, by the history's shares of lost
+ * requests, lost replies and late replies.
+ */
+export function drawFate(
+  x: number,
+  p: Pick<Plan, "lostRequest" | "lostReply" | "lateReply">,
+): Fate {
+  if (x < p.lostRequest) return "lostRequest";
+  if (x < p.lostRequest + p.lostReply) return "lostReply";
+  if (x < p.lostRequest + p.lostReply + p.lateReply) return "lateReply";
+  return "ok";
 }
 
 /** The tag epoch of one of the lease manager's writes (`lease:<instance>:<epoch>:<n>`). */
