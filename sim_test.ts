@@ -27,7 +27,7 @@ import { fencedManagerOnPort } from "./lease/fenced.ts";
 import { runFencedBatch } from "./sim/fenced.ts";
 import { NotHolderError } from "./lease/errors.ts";
 import type { LeaseAcquiredEvent, LeaseLostEvent } from "./lease/events.ts";
-import type { FencedLease, Lease } from "./lease/types.ts";
+import type { FencedLease, FencedOp, Lease } from "./lease/types.ts";
 import { stream } from "./sim/random.ts";
 import { makePlan, runHistory, type WriteRec } from "./sim/world.ts";
 import * as path from "node:path";
@@ -1261,6 +1261,31 @@ describe("a manager on a fenced bucket, on the simulated port", () => {
     assert.equal(data("x"), "b2");
     assert.deepEqual(b.found, ["released 0"]);
     assert.ok(sched.now - t0 < 50, `handed over in ${sched.now - t0} ms`);
+  });
+
+  test("bad input to a lease's fenced writes is refused with a TypeError or RangeError before anything is sent", async () => {
+    const { kv, settle, manager } = world();
+    const a = await manager("a");
+    const before = kv.log.length;
+    const r = await settle(a.m.guard("k", async (lease) => {
+      const f = lease as FencedLease;
+      const bad: [() => Promise<unknown>, new (...a: never[]) => Error][] = [
+        [() => f.put("_lease.k.k", "x"), TypeError],
+        [() => f.put("bad key!", "x"), TypeError],
+        [() => f.put("x", 42 as unknown as string), TypeError],
+        [() => f.delete("_lease.s.a"), TypeError],
+        [() => f.commit("x" as unknown as []), TypeError],
+        [() => f.commit([{ nope: 1 } as unknown as FencedOp]), TypeError],
+        [() => f.commit([]), RangeError],
+      ];
+      for (const [call, cls] of bad) {
+        await assert.rejects(call(), cls);
+      }
+      return kv.log.length;
+    }));
+    assert.ok("v" in r, String("e" in r && r.e));
+    // Only the tenure entry the guard took was written.
+    assert.equal(r.v, before + 1);
   });
 
   test("a crashed holder's key is taken as soon as its probe says 'gone'; a paused holder's when its session expires, and its fenced write, sent as it paused and held in it, is refused by the server", async () => {
