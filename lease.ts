@@ -47,8 +47,10 @@ import {
   maxKeyLength,
 } from "./lease/input.ts";
 import { Manager, type ManagerSettings } from "./lease/manager.ts";
+import { fencedManagerOnPort, TENURE_PREFIX } from "./lease/fenced.ts";
 import { natsPort } from "./lease/nats_port.ts";
 import {
+  atomicVersion,
   casSafeVersion,
   markersVersion,
   proveServers,
@@ -71,6 +73,7 @@ export {
 export type {
   CloseResult,
   Connection,
+  FencedOp,
   GuardCheck,
   GuardOptions,
   HealthOptions,
@@ -175,6 +178,18 @@ export async function createLeaseManager(
     )
   );
   if (existing) {
+    // The layout comes first: a fenced bucket has no max age, and a
+    // manager of one layout on the other's bucket would read tenure
+    // entries as data, or data as leases (design/fenced.md, "Layout").
+    const fencedTtl = fencedBucketTtl(existing.metadata);
+    if (o.fencedBucket !== (fencedTtl !== undefined)) {
+      throw new Error(
+        o.fencedBucket
+          ? `Cannot create lease manager with fenced: true as bucket '${o.bucket}' is a classic lease bucket (or not a lease bucket): use another bucket for fenced leases, or omit 'fenced'`
+          : `Cannot create lease manager on bucket '${o.bucket}' as it is a fenced bucket: pass fenced: true`,
+      );
+    }
+    if (fencedTtl !== undefined) existing.ttl = fencedTtl;
     if (existing.ttl <= 0) {
       throw new RangeError(
         `Cannot create lease manager as bucket '${o.bucket}' has no TTL, so its leases would never expire: use a bucket made with a TTL`,
@@ -198,6 +213,18 @@ export async function createLeaseManager(
     );
   }
   const replicas = existing?.replicas ?? options.replicas ?? 1;
+  // Refused before anything is created or written: below 2.11 a fenced
+  // write's check is ignored, and below 2.11.2 a session's entry expires
+  // without a marker (nats-server#6741). The servers that hold the
+  // bucket are checked below.
+  if (o.fencedBucket && !markersVersion(nc.info?.version ?? "")) {
+    throw new RangeError(fencedServersRefusal(
+      o.bucket,
+      `the server runs nats-server ${
+        nc.info?.version ?? "of an unknown version"
+      }`,
+    ));
+  }
   // A bucket about to be created: refuse early if even the server we are
   // connected to is too old; its peers are checked once it exists.
   if (
@@ -218,6 +245,7 @@ export async function createLeaseManager(
     // early. Asked for only where the server we talk to has them; whether
     // the bucket got them is checked below either way.
     const withMarkers = o.markers && markersVersion(nc.info?.version ?? "");
+    const ttlSeconds = Math.ceil(o.ttl / 1000);
     // Safe to repeat: `Kvm.create` reads the stream's info first and adds
     // it only when the server says it is missing, and an add with the same
     // config as the stream has succeeds (a concurrent creator's add
@@ -226,19 +254,62 @@ export async function createLeaseManager(
       () =>
         new Kvm(jetstream(nc, { timeout: attempt, ...domain })).create(
           o.bucket,
-          {
-            ttl: o.ttl,
-            history: 1,
-            replicas,
-            ...(withMarkers
-              ? { markerTTL: (Math.floor(o.ttl / 1000) + 1) * 1000 }
-              : {}),
-          },
+          o.fencedBucket
+            // No max age: tenure entries and data stay until replaced or
+            // deleted; only a session's entry expires, by its own TTL,
+            // into a marker that lives about as long as a session's entry.
+            ? {
+              history: 1,
+              replicas,
+              markerTTL: ttlSeconds * 1000,
+              metadata: {
+                [LAYOUT_KEY]: "fenced",
+                [TTL_KEY]: String(o.ttl),
+              },
+            }
+            : {
+              ttl: o.ttl,
+              history: 1,
+              replicas,
+              ...(withMarkers ? { markerTTL: (ttlSeconds + 1) * 1000 } : {}),
+            },
         ),
     );
     // Created now, or concurrently by another process: read what it is.
     const status = await ask(() => kv.status());
-    if (status.ttl !== o.ttl) {
+    const config = status.streamInfo.config;
+    const fencedTtl = fencedBucketTtl(config.metadata);
+    if (o.fencedBucket !== (fencedTtl !== undefined)) {
+      throw new Error(
+        `Cannot create lease manager on bucket '${o.bucket}' as another process created it ${
+          o.fencedBucket ? "without" : "with"
+        } fenced: true at the same time`,
+      );
+    }
+    if (fencedTtl !== undefined) {
+      if (fencedTtl !== o.ttl) {
+        throw new RangeError(
+          `Cannot create lease manager as bucket '${o.bucket}' has a TTL of ${fencedTtl} ms but 'ttl' is ${o.ttl} ms`,
+        );
+      }
+      // Atomic batches (lease.commit) where this server has them; a
+      // commit checks the server's version again before each batch.
+      if (atomicVersion(nc.info?.version ?? "") && !config.allow_atomic) {
+        await ask(async (timeout) =>
+          await (await jetstreamManager(nc, {
+            timeout,
+            ...domain,
+            checkAPI: false,
+          })).streams.update(
+            `KV_${o.bucket}`,
+            {
+              ...config,
+              allow_atomic: true,
+            } as Parameters<JetStreamManager["streams"]["update"]>[1],
+          )
+        );
+      }
+    } else if (status.ttl !== o.ttl) {
       throw new RangeError(
         `Cannot create lease manager as bucket '${o.bucket}' has a TTL of ${status.ttl} ms but 'ttl' is ${o.ttl} ms`,
       );
@@ -253,8 +324,14 @@ export async function createLeaseManager(
     `KV_${o.bucket}`,
     setupTimeout,
     casCheck,
-    o.markers,
+    o.fencedBucket ? "fenced" : o.markers,
   );
+  if (proof.refuse === undefined && o.fencedBucket && proof.markers.life <= 0) {
+    throw new RangeError(fencedServersRefusal(
+      o.bucket,
+      "not every server holding it could be proven to run 2.11.2 or later, with the bucket's markers",
+    ));
+  }
   if (proof.refuse !== undefined) {
     throw new Error(
       `Cannot create lease manager on bucket '${o.bucket}'. ${proof.refuse} Upgrade the servers, use a bucket with 1 replica, or pass allowUnverifiedReplicas: true if you know every server that may hold the bucket`,
@@ -268,33 +345,62 @@ export async function createLeaseManager(
     checkAPI: false,
   });
   if (o.signal?.aborted) throw abortReason(o.signal);
-  return new Manager(
-    natsPort(
-      nc,
-      js,
-      opsJsm,
-      `KV_${o.bucket}`,
-      direct,
-      created!,
-      o.ttl,
-      proof.markers,
-      { pending: proof.pending, casCheck },
-    ),
-    o,
+  const port = natsPort(
+    nc,
+    js,
+    opsJsm,
+    `KV_${o.bucket}`,
+    direct,
+    created!,
+    o.ttl,
+    proof.markers,
+    { pending: proof.pending, casCheck },
   );
+  return o.fencedBucket
+    ? await fencedManagerOnPort(port, o)
+    : new Manager(port, o);
+}
+
+/** The stream metadata that marks a fenced bucket, and its lease TTL (ms). */
+const LAYOUT_KEY = "nats-lease.layout";
+const TTL_KEY = "nats-lease.ttl";
+
+/**
+ * A fenced bucket's lease TTL from its stream metadata; `undefined` for a
+ * bucket of the classic layout (no layout key).
+ */
+function fencedBucketTtl(
+  metadata: Record<string, string> | undefined,
+): number | undefined {
+  if (metadata?.[LAYOUT_KEY] !== "fenced") return undefined;
+  const ttl = Number(metadata[TTL_KEY]);
+  // A fenced bucket with no readable TTL cannot be joined safely: every
+  // manager's session must use one TTL. -1 fails the TTL checks that follow.
+  return Number.isInteger(ttl) && ttl > 0 ? ttl : -1;
+}
+
+function fencedServersRefusal(bucket: string, why: string): string {
+  return `Cannot create lease manager with fenced: true on bucket '${bucket}' as ${why}: a fenced bucket needs nats-server 2.11.2 or later (a check on another subject, and a per-message TTL that expires into a marker) on every server that holds it`;
 }
 
 async function bucketStatus(
   jsm: JetStreamManager,
   bucket: string,
 ): Promise<
-  | { ttl: number; replicas: number; direct: boolean; created: string }
+  | {
+    ttl: number;
+    replicas: number;
+    direct: boolean;
+    created: string;
+    metadata: Record<string, string> | undefined;
+  }
   | undefined
 > {
   try {
     const si = await jsm.streams.info(`KV_${bucket}`);
     return {
       ttl: Math.round(si.config.max_age / 1_000_000),
+      metadata: si.config.metadata,
       replicas: si.config.num_replicas,
       direct: si.config.allow_direct === true,
       created: si.created,
@@ -316,6 +422,8 @@ interface Resolved extends ManagerSettings {
   allowUnverifiedReplicas: boolean;
   markers: boolean;
   domain: string | undefined;
+  /** The `fenced` option (ManagerSettings.fenced is the layout's wiring). */
+  fencedBucket: boolean;
 }
 
 /** Checks the options that depend on the TTL, once the TTL in force is known. */
@@ -415,6 +523,28 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
   checkBoolean("createBucket", options.createBucket);
   checkBoolean("allowUnverifiedReplicas", options.allowUnverifiedReplicas);
   checkBoolean("markers", options.markers);
+  checkBoolean("fenced", options.fenced);
+  const fenced = options.fenced ?? false;
+  if (fenced) {
+    // A fenced bucket always has markers (a session's end is its entry's
+    // expiry into one) and owes no grace: the server refuses a late write.
+    for (const name of ["markers", "restartGrace"] as const) {
+      if (options[name] !== undefined) {
+        throw new TypeError(
+          `Cannot create lease manager with fenced: true and '${name}': a fenced bucket ${
+            name === "markers" ? "always has markers" : "owes no grace"
+          }, so omit '${name}'`,
+        );
+      }
+    }
+    if (options.ttl !== undefined && options.ttl < 1000) {
+      throw new RangeError(
+        `Cannot create lease manager with fenced: true as 'ttl' must be at least 1000 ms (a session's entry expires in whole seconds): received ${
+          describe(options.ttl)
+        }`,
+      );
+    }
+  }
   if (
     options.check !== undefined && options.check !== "cas" &&
     options.check !== "lease"
@@ -450,8 +580,10 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     allowUnverifiedReplicas: options.allowUnverifiedReplicas ?? false,
     domain,
     bucket,
-    maxKey,
+    // A fenced bucket's tenure subject is longer: `_lease.k.<key>`.
+    maxKey: fenced ? maxKey - TENURE_PREFIX.length : maxKey,
     signal,
+    fencedBucket: fenced,
   };
   // Checked against the given (or default) TTL now, and again against an
   // existing bucket's TTL once it is adopted.

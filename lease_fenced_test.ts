@@ -20,7 +20,6 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { markersVersion } from "./lease/servers.ts";
 import type { LeaseAcquiredEvent } from "./lease/events.ts";
-import type { FencedLease } from "./lease/types.ts";
 import { signal, startChild } from "./test_util/child.ts";
 import { uniq, versionOf } from "./test_util/lease_helpers.ts";
 import { fencedManager } from "./test_util/port.ts";
@@ -113,7 +112,7 @@ test(
       let t0 = 0;
       const taken = m.guard("k", async (lease) => {
         const took = performance.now() - t0;
-        await (lease as FencedLease).put("x", "parent");
+        await lease.put("x", "parent");
         return { took, epoch: lease.epoch };
       }, { wait: true });
       await new Promise((r) => setTimeout(r, 200));
@@ -159,7 +158,7 @@ test(
       await pauseProcess(child.pid);
       const stopped = performance.now();
       const took = await m.guard("k", async (lease) => {
-        await (lease as FencedLease).put("x", "parent");
+        await lease.put("x", "parent");
         return performance.now() - stopped;
       }, { wait: true });
       console.log(`taken ${took.toFixed(0)} ms after the SIGSTOP (TTL ${ttl})`);
@@ -218,7 +217,7 @@ test(
       for (let n = 1; !stop; n++) {
         const on = server;
         try {
-          await m.guard("k", (l) => (l as FencedLease).put("x", String(n)));
+          await m.guard("k", (l) => l.put("x", String(n)));
           stored.push({ n, server: on });
         } catch (err) {
           const k = `${(err as Error).name} on ${on}`;
@@ -294,15 +293,15 @@ test(
     let late: Promise<unknown> | undefined;
     try {
       await a.m.guard("k", async (lease) => {
-        await (lease as FencedLease).put("x", "a1");
+        await lease.put("x", "a1");
         // The commit point's check passes, then everything A sends waits in
         // the network: the put, and the session's renewals.
         lease.throwIfLost();
         proxy.hold("up");
-        late = (lease as FencedLease).put("x", "a-late").catch((e) => e);
+        late = lease.put("x", "a-late").catch((e) => e);
       });
       const took = await b.m.guard("k", async (lease) => {
-        await (lease as FencedLease).put("x", "b1");
+        await lease.put("x", "b1");
         return lease.epoch;
       }, { wait: true, signal: AbortSignal.timeout(5 * ttl) });
       assert.deepEqual(b.found, ["session-ended 0"]);

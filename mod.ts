@@ -36,6 +36,7 @@ export {
   type Connection,
   createLeaseManager,
   DEFAULT_TTL,
+  type FencedOp,
   type GuardCheck,
   type GuardOptions,
   type HealthOptions,

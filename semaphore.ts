@@ -87,6 +87,7 @@
  */
 
 import {
+  type FencedOp,
   type GuardCheck,
   type GuardOptions,
   type Holder,
@@ -651,6 +652,21 @@ class SlotLeaseImpl implements SlotLease {
   }
   throwIfLost(): void {
     this.#lease.throwIfLost();
+  }
+
+  // Fenced writes are fenced by the wrapped lease's tenure entry: the
+  // server refuses them once that tenure is over, whatever this wrapper
+  // believes.
+  put(key: string, value: Uint8Array | string): Promise<number> {
+    return this.#lease.put(key, value);
+  }
+
+  delete(key: string): Promise<number> {
+    return this.#lease.delete(key);
+  }
+
+  commit(ops: readonly FencedOp[]): Promise<{ seq: number; count: number }> {
+    return this.#lease.commit(ops);
   }
 }
 

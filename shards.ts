@@ -85,6 +85,7 @@
  */
 
 import {
+  type FencedOp,
   type GuardOptions,
   type Holder,
   type Lease,
@@ -673,6 +674,21 @@ class OwnedShard implements ShardLease {
 
   throwIfLost(): void {
     this.#lease.throwIfLost();
+  }
+
+  // Fenced writes are fenced by the wrapped lease's tenure entry: the
+  // server refuses them once that tenure is over, whatever this wrapper
+  // believes.
+  put(key: string, value: Uint8Array | string): Promise<number> {
+    return this.#lease.put(key, value);
+  }
+
+  delete(key: string): Promise<number> {
+    return this.#lease.delete(key);
+  }
+
+  commit(ops: readonly FencedOp[]): Promise<{ seq: number; count: number }> {
+    return this.#lease.commit(ops);
   }
 
   #refusal(): NotHolderError {

@@ -27,7 +27,7 @@ import { fencedManagerOnPort } from "./lease/fenced.ts";
 import { runFencedBatch } from "./sim/fenced.ts";
 import { NotHolderError } from "./lease/errors.ts";
 import type { LeaseAcquiredEvent, LeaseLostEvent } from "./lease/events.ts";
-import type { FencedLease, FencedOp, Lease } from "./lease/types.ts";
+import type { FencedOp, Lease } from "./lease/types.ts";
 import { stream } from "./sim/random.ts";
 import { makePlan, runHistory, type WriteRec } from "./sim/world.ts";
 import * as path from "node:path";
@@ -1238,7 +1238,7 @@ describe("a manager on a fenced bucket, on the simulated port", () => {
     return { sched, kv, settle, advance, manager, data };
   };
   const put = (key: string, value: string) => (lease: Lease) =>
-    (lease as FencedLease).put(key, value);
+    lease.put(key, value);
 
   test("a fenced write lands under the tenure; a contender is refused while the holder's session lives; a release hands the key over at once, with no grace", async () => {
     const { sched, settle, advance, manager, data } = world();
@@ -1268,7 +1268,7 @@ describe("a manager on a fenced bucket, on the simulated port", () => {
     const a = await manager("a");
     const before = kv.log.length;
     const r = await settle(a.m.guard("k", async (lease) => {
-      const f = lease as FencedLease;
+      const f = lease;
       const bad: [() => Promise<unknown>, new (...a: never[]) => Error][] = [
         [() => f.put("_lease.k.k", "x"), TypeError],
         [() => f.put("bad key!", "x"), TypeError],
@@ -1314,7 +1314,7 @@ describe("a manager on a fenced bucket, on the simulated port", () => {
     // Pause: b sends a fenced put (its lease vouched for) and stalls right
     // then, the put still inside it.
     const stalled = b.m.guard("k", (lease) => {
-      const p = (lease as FencedLease).put("x", "b-late");
+      const p = lease.put("x", "b-late");
       b.n.pause(sched.now + 3 * TTL);
       return p;
     });

@@ -30,7 +30,6 @@ import { Kvm } from "@nats-io/kv";
 import { createLeaseManager } from "../mod.ts";
 import type { Manager } from "../lease/manager.ts";
 import { atomicVersion } from "../lease/servers.ts";
-import type { FencedLease } from "../lease/types.ts";
 import { NatsServer } from "../test_util/nats_server.ts";
 import { fencedManager as managerOn } from "../test_util/port.ts";
 
@@ -109,10 +108,10 @@ async function main(): Promise<void> {
     const freeFenced: number[] = [];
     const freeClassic: number[] = [];
     // One held lease for the bare fenced puts.
-    let lease!: FencedLease;
+    let lease!: Lease;
     let done!: () => void;
     const held = m.guard("k", (l) => {
-      lease = l as FencedLease;
+      lease = l;
       return new Promise<void>((r) => done = r);
     });
     while (lease === undefined) await new Promise((r) => setTimeout(r, 1));
@@ -138,7 +137,7 @@ async function main(): Promise<void> {
         () =>
           m.guard(
             "k",
-            (l) => (l as FencedLease).put("d.fenced", body),
+            (l) => l.put("d.fenced", body),
             { check: "lease" },
           ),
       );
@@ -160,7 +159,7 @@ async function main(): Promise<void> {
           commit10,
           () =>
             m.guard("k", (l) =>
-              (l as FencedLease).commit(
+              l.commit(
                 Array.from({ length: 10 }, (_, j) => ({
                   put: `d.c${j}`,
                   value: body,

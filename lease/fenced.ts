@@ -15,12 +15,15 @@ import {
 import type { Port } from "./port.ts";
 import { Session } from "./session.ts";
 
+/** Where a fenced bucket keeps a key's tenure entry: `_lease.k.<key>`. */
+export const TENURE_PREFIX = "_lease.k.";
+
 /** The subjects of a fenced bucket named `bucket`. */
 export function fencedSubjects(
   bucket: string,
 ): Omit<FencedSettings, "session" | "reopen"> {
   return {
-    tenure: (key) => `$KV.${bucket}._lease.k.${key}`,
+    tenure: (key) => `$KV.${bucket}.${TENURE_PREFIX}${key}`,
     data: (key) => `$KV.${bucket}.${key}`,
     sessionSubject: (id) => `$KV.${bucket}._lease.s.${id}`,
     // Outside the stream: a request there reaches only the responder.
@@ -52,7 +55,15 @@ export async function fencedManagerOnPort(
       ttl: settings.ttl,
       ...(id !== undefined ? { id } : {}),
     });
-  const session = await open();
+  let session: Session;
+  try {
+    session = await open();
+  } catch (err) {
+    // The manager that would own the port never came to be: end what the
+    // port opened (its reply subscription, its checks of late peers).
+    port.close?.();
+    throw err;
+  }
   return new Manager(port, {
     ...settings,
     fenced: { ...subjects, session, reopen: open },

@@ -354,7 +354,6 @@ import {
 } from "./state.ts";
 import {
   type CloseResult,
-  type FencedLease,
   type FencedOp,
   type GuardCheck,
   type GuardOptions,
@@ -474,7 +473,7 @@ const SESSION_CHECK = 25;
 const PROBE_TIMEOUT = 250;
 
 /** A lease handed to one guarded write; reads its tenure's live deadline. */
-class HeldLease implements FencedLease {
+class HeldLease implements Lease {
   readonly key: string;
   readonly node: string;
   readonly epoch: number;

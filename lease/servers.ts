@@ -415,6 +415,19 @@ function configuredMarkerLife(info: StreamInfo): number {
   );
 }
 
+/**
+ * The marker life of a fenced bucket's stream (`wantMarkers: "fenced"`):
+ * it has no max age, so a session entry's own TTL expires it, and the
+ * marker TTL governs. Proven like a classic bucket's markers, this says
+ * every server holding the stream runs 2.11.2 or later: the release whose
+ * per-message TTLs leave markers, which also checks a fenced write's
+ * subject (2.11).
+ */
+function fencedMarkerLife(info: StreamInfo): number {
+  const cfg = info.config as { subject_delete_marker_ttl?: number };
+  return markerLifeOf((cfg.subject_delete_marker_ttl ?? 0) / 1e6, Infinity);
+}
+
 /** The servers stream info names as holding the stream. */
 function streamPeers(info: StreamInfo): string[] {
   return [
@@ -465,7 +478,8 @@ interface ServerProof {
  * proofs at once: that compare-and-set is safe on it (`casCheck`, a
  * replicated stream whose every peer must run 2.9.21 or later,
  * nats-server#4320) and how long it keeps markers (its configuration, and
- * 2.11.2 or later on every server holding it). Never rejects.
+ * 2.11.2 or later on every server holding it; with `wantMarkers:
+ * "fenced"`, of a fenced bucket's stream). Never rejects.
  *
  * A replicated stream is accepted once its leader and a quorum of its
  * peers answered with safe versions and no answering peer runs an unsafe
@@ -482,7 +496,7 @@ export async function proveServers(
   stream: string,
   timeoutMs: number,
   casCheck: boolean,
-  wantMarkers: boolean,
+  wantMarkers: boolean | "fenced",
 ): Promise<ServerProof> {
   const unproven = (): MarkerProof => ({ life: 0, peers: new Set() });
   const deadline = performance.now() + timeoutMs;
@@ -508,7 +522,11 @@ export async function proveServers(
       pending: [],
     };
   }
-  const life = wantMarkers ? configuredMarkerLife(info) : 0;
+  const life = wantMarkers === "fenced"
+    ? fencedMarkerLife(info)
+    : wantMarkers
+    ? configuredMarkerLife(info)
+    : 0;
   if (single) {
     // One peer: compare-and-set is safe (no Raft group; the expected
     // sequence is checked under the stream lock). Markers need its version.

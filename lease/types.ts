@@ -274,6 +274,25 @@ export interface LeaseManagerOptions {
    * @default {true}
    */
   restartGrace?: boolean;
+  /**
+   * Use a fenced bucket (nats-server 2.11.2 or later on every server that
+   * holds it): the server itself refuses a write made through
+   * {@linkcode Lease.put}, {@linkcode Lease.delete} or
+   * {@linkcode Lease.commit} once its tenure is over, so no grace is
+   * owed. A key is taken one TTL after its holder's last renewal, or
+   * milliseconds after the holder's connection is gone (a crash), and one
+   * heartbeat per manager keeps all its keys. Data keys live in the same
+   * bucket, readable with plain `@nats-io/kv`; the leases live under
+   * `_lease.`. Writes to any other store must still check the epoch.
+   *
+   * A bucket this call creates is marked as fenced in its stream metadata;
+   * a classic bucket is refused, and a classic manager refuses a fenced
+   * bucket. Never point the Go implementation or an older release of this
+   * library at a fenced bucket: they cannot see the mark. `ttl` must be at
+   * least 1,000 ms; `markers` and `restartGrace` do not apply.
+   * @default {false}
+   */
+  fenced?: boolean;
 }
 
 /**
@@ -347,56 +366,63 @@ export interface Lease {
    * again. Made for "check right before you commit".
    */
   throwIfLost(): void;
-}
-
-/**
- * One write of a fenced commit (issue 33; not offered by
- * `createLeaseManager` yet): a put of `value`, or a delete, of a data key.
- */
-export type FencedOp =
-  | { readonly put: string; readonly value: Uint8Array | string }
-  | { readonly delete: string };
-
-/**
- * A lease of a fenced bucket (issue 33; not offered by `createLeaseManager`
- * yet): besides what every lease does, it writes data keys of the bucket
- * that the server itself stores only while this tenure lasts. A refused
- * write throws {@linkcode NotHolderError}, and nothing of it is stored.
- */
-export interface FencedLease extends Lease {
   /**
-   * Stores `value` under the data key `key`, fenced by this tenure.
+   * On a fenced bucket (`fenced: true`), stores `value` under the data key
+   * `key` of the same bucket, fenced by this tenure: the server itself
+   * refuses it once another tenure took the lease, so a paused or cut-off
+   * holder's late write is never stored. Readers read the key with plain
+   * `@nats-io/kv`. Keys under `_lease.` are refused. On a classic bucket
+   * it rejects with a `TypeError` and sends nothing.
    *
+   * @param key The data key, a valid KV key outside `_lease.`.
+   * @param value The value.
    * @returns The entry's revision.
-   * @example
+   * @throws {NotHolderError} The server refused it: the tenure is over.
+   * @throws {UnavailableError} The lease cannot be vouched for now, or no
+   * answer came (the write may have been stored).
+   * @example Store a value only while holding the lease
    * ```ts ignore
-   * await leases.guard("orders", (lease) => (lease as FencedLease).put("orders.total", "42"));
+   * await leases.guard("orders", (lease) => lease.put("orders.total", "42"));
    * ```
    */
   put(key: string, value: Uint8Array | string): Promise<number>;
   /**
-   * Deletes the data key `key`, fenced by this tenure.
+   * On a fenced bucket, deletes the data key `key`, fenced by this tenure
+   * as {@linkcode Lease.put} is.
    *
+   * @param key The data key.
    * @returns The delete marker's revision.
-   * @example
+   * @example Delete a value only while holding the lease
    * ```ts ignore
-   * await leases.guard("orders", (lease) => (lease as FencedLease).delete("orders.draft"));
+   * await leases.guard("orders", (lease) => lease.delete("orders.draft"));
    * ```
    */
   delete(key: string): Promise<number>;
   /**
-   * Stores 1 to 1,000 puts and deletes all or nothing (nats-server 2.12+
-   * and a stream with `allow_atomic`), fenced by this tenure.
+   * On a fenced bucket, stores 1 to 1,000 puts and deletes of data keys all
+   * or nothing, fenced by this tenure: nats-server 2.12 or later, on a
+   * bucket with atomic batches (`allow_atomic`, set when the manager
+   * created the bucket on such servers). A refused commit stores nothing.
    *
-   * @returns The last revision, and how many were stored.
-   * @example
+   * @param ops The writes, in order.
+   * @returns The last write's revision, and how many were stored.
+   * @example Two writes that land together or not at all
    * ```ts ignore
    * await leases.guard("orders", (lease) =>
-   *   (lease as FencedLease).commit([{ put: "a", value: "1" }, { delete: "b" }]));
+   *   lease.commit([{ put: "orders.total", value: "42" }, { delete: "orders.draft" }])
+   * );
    * ```
    */
   commit(ops: readonly FencedOp[]): Promise<{ seq: number; count: number }>;
 }
+
+/**
+ * One write of {@linkcode Lease.commit}: a put of `value` to a data key, or
+ * a delete of one.
+ */
+export type FencedOp =
+  | { readonly put: string; readonly value: Uint8Array | string }
+  | { readonly delete: string };
 
 /** Who holds a key, as reported by {@linkcode LeaseManager.holder}. */
 export interface Holder {

@@ -35,7 +35,7 @@ import { fencedManagerOnPort } from "../lease/fenced.ts";
 import type { Manager } from "../lease/manager.ts";
 import { BucketGone } from "../lease/port.ts";
 import { ReplyTrust } from "../lease/trust.ts";
-import type { FencedLease, Lease } from "../lease/types.ts";
+import type { Lease } from "../lease/types.ts";
 import { checkPF } from "./check.ts";
 import { type KvFlaw, SimKv } from "./kv.ts";
 import { type Fate, type Network, responderStopped, SimNode } from "./node.ts";
@@ -362,7 +362,7 @@ export async function runFencedHistory(
         );
       }
       await new Promise<void>((r) => node.after(r, stall, "io"));
-      const fenced = lease as FencedLease;
+      const fenced = lease;
       const value = `${m.label}:${lease.epoch}:${id}`;
       try {
         if (commit) {

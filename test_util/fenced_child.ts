@@ -12,7 +12,6 @@
  */
 
 import { connect } from "@nats-io/transport-node";
-import type { FencedLease } from "../lease/types.ts";
 import { env, say, sleep } from "./child_preamble.ts";
 import { fencedManager } from "./port.ts";
 
@@ -22,7 +21,7 @@ const ttl = Number(env.LEASE_TTL);
 const nc = await connect({ servers: env.NATS_URL!.split(",") });
 const leases = await fencedManager(nc, bucket, node, ttl);
 await leases.guard(env.LEASE_KEY!, async (lease) => {
-  const fenced = lease as FencedLease;
+  const fenced = lease;
   for (let n = 1;; n++) {
     try {
       await fenced.put(env.DATA_KEY!, `${node}-${n}`);
