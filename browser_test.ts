@@ -14,6 +14,11 @@
 // - a guard with check: "lease" on a held key sends no WebSocket frame and
 //   no message;
 // - the module runs in a dedicated Web Worker of a page;
+// - on a fenced bucket (nats-server 2.11.2+), a page's guarded put is
+//   stored (read back with plain @nats-io/kv), and when its renderer
+//   crashes, this process, waiting with a fenced manager, takes the key
+//   within TTL/2 because the server answers the page's session probe "no
+//   responders" (found "crashed"), and its own fenced put lands;
 // - examples/browser/ shows the leader, and a closed leading tab hands over
 //   at once (LEASE_SCREENSHOT=1 saves docs/img/browser-leader.png);
 // - docs/runtimes.md's browser quick start, built and served by its esbuild
@@ -43,8 +48,15 @@ import {
 } from "playwright-core";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
-import { createLeaseManager, type LeaseManager } from "./mod.ts";
-import { NatsServer } from "./test_util/nats_server.ts";
+import { Kvm } from "@nats-io/kv";
+import {
+  createLeaseManager,
+  type LeaseAcquiredEvent,
+  type LeaseManager,
+} from "./mod.ts";
+import { markersVersion } from "./lease/servers.ts";
+import { versionOf } from "./test_util/lease_helpers.ts";
+import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
 
 const root = fileURLToPath(new URL(".", import.meta.url));
 const CHROMIUM = "/usr/bin/chromium";
@@ -64,6 +76,10 @@ const CHROMIUM_ARGS = [
 const TTL = 2_000;
 /** Upper bound of any single wait on the browser or a page. */
 const WAIT = 10_000;
+/** Why the fenced-bucket test is skipped: a server before 2.11.2. */
+const NO_FENCED = markersVersion(versionOf(natsServerBinary()))
+  ? false
+  : "fenced buckets need nats-server 2.11.2 or later";
 
 /** Rejects with a message naming `what` unless `p` settles within `ms`. */
 async function within<T>(ms: number, p: Promise<T>, what: string): Promise<T> {
@@ -151,6 +167,17 @@ h.guardLease = async (key, n) => {
     epochs.push(await p);
   }
   return { epochs, inside };
+};
+// A fenced manager of its own (a fenced bucket), which takes a key and
+// puts "<node>:<epoch>" to a data key of the bucket under it, and keeps
+// the key.
+h.fenced = async ({ ws, node, bucket, ttl, key, dataKey }) => {
+  h.fnc = await wsconnect({ servers: ws, name: node });
+  h.fleases = await createLeaseManager({ nc: h.fnc, node, bucket, ttl, fenced: true });
+  return await h.fleases.guard(key, async (lease) => {
+    const value = node + ":" + lease.epoch;
+    return { epoch: lease.epoch, value, revision: await lease.put(dataKey, value) };
+  });
 };
 h.worker = (msg) => {
   h.w ??= new Worker("/harness_worker.js", { type: "module" });
@@ -820,6 +847,94 @@ test(
     );
     await within(WAIT, tab2.close(), "closing the second tab");
     await stopQuickstart();
+  },
+);
+
+// ---------------------------------------------------------------------------
+// A fenced bucket (createLeaseManager({ fenced: true })): no grace, and a
+// holder whose connection is gone is replaced as soon as the server says so.
+
+test(
+  "fenced bucket: a page's fenced put is stored; when its renderer crashes, Node takes the key as soon as the page's connection is gone (found \"crashed\"), far inside the TTL, and its fenced put lands",
+  { timeout: 20_000, skip: NO_FENCED },
+  async () => {
+    const bucket = "browser-fenced";
+    const key = "fenced-leader";
+    const dataKey = "fenced-leader.value";
+    // This process's fenced manager creates the bucket (TTL 2 s).
+    const fenced = await createLeaseManager({
+      nc: nc!,
+      node: "node-fenced",
+      bucket,
+      ttl: TTL,
+      fenced: true,
+    });
+    const page = await harness("page F");
+    try {
+      const found: string[] = [];
+      fenced.addEventListener("acquired", (e) => {
+        const a = e as LeaseAcquiredEvent;
+        found.push(`${a.key} ${a.found} ${a.grace}`);
+      });
+      const put = await call<
+        { epoch: number; value: string; revision: number }
+      >(page, "fenced", {
+        ws: ns!.wsUrl,
+        node: "page-F",
+        bucket,
+        ttl: TTL,
+        key,
+        dataKey,
+      });
+      assert.equal(put.value, `page-F:${put.epoch}`);
+      // Plain KV reads what the page's fenced put stored.
+      const kv = await new Kvm(nc!).open(bucket);
+      const stored = await kv.get(dataKey);
+      assert.equal(stored?.string(), put.value);
+      assert.equal(stored?.revision, put.revision);
+      assert.deepEqual(await fenced.holder(key), {
+        node: "page-F",
+        epoch: put.epoch,
+      });
+
+      // This process waits for the key; the page's session lives, so it
+      // must not get it.
+      let crashedAt = Infinity;
+      const taking = fenced.guard(key, async (lease) => {
+        const took = performance.now() - crashedAt;
+        const value = `node-fenced:${lease.epoch}`;
+        return {
+          took,
+          epoch: lease.epoch,
+          value,
+          revision: await lease.put(dataKey, value),
+        };
+      }, { wait: true, signal: AbortSignal.timeout(WAIT + TTL) });
+      await sleep(300);
+      assert.deepEqual(found, [], "taken while the page's session lived");
+
+      const cdp = await context!.newCDPSession(page);
+      const crashed = new Promise<void>((r) => page.once("crash", () => r()));
+      crashedAt = performance.now();
+      // The command gets no answer from a renderer that is gone.
+      void cdp.send("Page.crash").catch(() => {});
+      await within(WAIT, crashed, "page F to crash");
+      const took = await taking;
+      console.log(
+        `  [figures] fenced: Node took the key ${
+          took.took.toFixed(1)
+        } ms after page F's crash (TTL ${TTL} ms), found ${found.join(", ")}`,
+      );
+      assert.deepEqual(found, [`${key} crashed 0`]);
+      assert.ok(took.epoch > put.epoch, "a new tenure");
+      assert.ok(took.took < TTL / 2, `taken ${took.took} ms after the crash`);
+      const after = await kv.get(dataKey);
+      assert.equal(after?.string(), took.value);
+      assert.equal(after?.revision, took.revision);
+    } finally {
+      await fenced.close();
+      await within(WAIT, page.close(), "closing page F");
+    }
   },
 );
 

@@ -16,8 +16,9 @@ import {
   type LeaseManager,
   type LeaseReleasedEvent,
 } from "./mod.ts";
-import { NatsServer } from "./test_util/nats_server.ts";
-import { guardUntil, sleep } from "./test_util/lease_helpers.ts";
+import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
+import { guardUntil, sleep, versionOf } from "./test_util/lease_helpers.ts";
+import { markersVersion } from "./lease/servers.ts";
 
 type Runtime = "deno" | "bun" | "node";
 
@@ -26,6 +27,9 @@ const root = fileURLToPath(new URL(".", import.meta.url));
 const EXAMPLE_TIMEOUT = 30_000;
 /** Per test: bun's default of 5 s is too short for a handover. */
 const TEST_TIMEOUT = 60_000;
+const FENCED = markersVersion(versionOf(natsServerBinary()))
+  ? false
+  : "fenced buckets need nats-server 2.11.2 or later";
 /** The TTL of examples/edge.ts (and of the bucket the examples share). */
 const EDGE_TTL = 2_000;
 /** How long to wait for one expected line. */
@@ -54,6 +58,8 @@ const DENO_FLAGS: Record<string, string[]> = {
   "edge.ts": ["--allow-net", "--allow-env"],
   "worker.ts": ["--allow-net", "--allow-env", "--allow-read"],
   "fenced_store.ts": ["--allow-net", "--allow-env"],
+  // It starts copies of itself with the runtime running it.
+  "fenced_bucket.ts": ["--allow-all"],
   "semaphore.ts": ["--allow-net", "--allow-env"],
   "shards.ts": ["--allow-net", "--allow-env"],
   "demo.ts": ["--allow-all"],
@@ -488,6 +494,40 @@ describe("examples against a real nats-server", () => {
       await fenced.waitFor(/^store {3}holds \["a1","b1"\]$/);
       assert.doesNotMatch(fenced.stdout, /should not happen/);
       await fenced.succeeded();
+    },
+  );
+
+  test(
+    `examples/fenced_bucket.ts under ${self} (the runtime running this file): the server refuses a frozen holder's late write, and a killed holder's key is taken in milliseconds`,
+    { timeout: TEST_TIMEOUT, skip: FENCED },
+    async () => {
+      const ex = start(self, "fenced_bucket.ts", {
+        LEASE_KEY: unique("ledger"),
+      });
+      const a = await ex.waitFor(/^node-a {2}took '\S+' at epoch (\d+)$/);
+      await ex.waitFor(/^node-a {2}checked its lease, then froze for 3 s$/);
+      const b = await ex.waitFor(
+        /^node-b {2}took '\S+' at epoch (\d+), ([\d.]+) s after node-a froze \(session-ended\), and stored 50$/,
+      );
+      assert.ok(Number(b.match[1]) > Number(a.match[1]));
+      // One TTL (1 s) after node-a's last renewal, with no grace.
+      assert.ok(Number(b.match[2]) <= 2.5, b.match[0]);
+      await ex.waitFor(
+        new RegExp(
+          `^node-a {2}woke; .*the server refused a write of the tenure at epoch ${
+            a.match[1]
+          }, as the key's tenure entry is now at revision ${b.match[1]}$`,
+        ),
+      );
+      await ex.waitFor(/^node-b {2}balance is 50 \(node-b\)$/);
+      const c = await ex.waitFor(
+        /^node-b {2}took '\S+' (\d+) ms after node-c was killed \(crashed\), and stored 40$/,
+      );
+      // Far inside the 1 s TTL: the server said node-c's connection is gone.
+      assert.ok(Number(c.match[1]) < 500, c.match[0]);
+      await ex.waitFor(/^node-b {2}balance is 40 \(node-b\)$/);
+      assert.doesNotMatch(ex.stdout, /should not happen/);
+      await ex.succeeded();
     },
   );
 

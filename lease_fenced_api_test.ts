@@ -22,6 +22,8 @@ import {
   type LeaseManagerOptions,
   NotHolderError,
   semaphore,
+  type ShardAssignment,
+  shards,
 } from "./mod.ts";
 import { atomicVersion, markersVersion } from "./lease/servers.ts";
 import { uniq, versionOf } from "./test_util/lease_helpers.ts";
@@ -264,6 +266,56 @@ describe("createLeaseManager with fenced: true", () => {
       assert.equal((await kv.get("orders.count"))?.string(), "2");
       assert.equal((await kv.get("orders.draft"))?.operation, "DEL");
       assert.equal((await kv.get("orders.draft"))?.revision, res.seq);
+    },
+  );
+
+  test(
+    "shards split between two members of a fenced bucket, and an owned shard's lease writes fenced by its tenure",
+    {
+      skip: OLD,
+    },
+    async () => {
+      const bucket = uniq("fb");
+      const a = await open({ node: "a", bucket, ttl: TTL });
+      const b = await open({ node: "b", bucket, ttl: TTL });
+      const stop = new AbortController();
+      // Each member's latest assignment; both run until both show the
+      // split (a member that left would hand its shards back).
+      const latest = new Map<string, ShardAssignment>();
+      let split!: () => void;
+      const bothSplit = new Promise<void>((r) => split = r);
+      const run = async (m: LeaseManager) => {
+        for await (
+          const got of shards(m, "ingest", { count: 4, signal: stop.signal })
+        ) {
+          latest.set(m.node, got);
+          const done = [...latest.values()].filter((g) =>
+            g.owned.size === 2 && g.members.length === 2
+          );
+          if (done.length === 2) split();
+        }
+      };
+      const members = Promise.all([run(a), run(b)]);
+      try {
+        await Promise.race([
+          bothSplit,
+          members.then(() => {
+            throw new Error("a member ended before the split");
+          }),
+        ]);
+        const [ga, gb] = [latest.get("a")!, latest.get("b")!];
+        assert.deepEqual(
+          [...ga.owned.keys(), ...gb.owned.keys()].sort(),
+          [0, 1, 2, 3],
+        );
+        const [i, lease] = [...ga.owned][0]!;
+        const rev = await lease.guard((l) => l.put(`ingest.out.${i}`, "a"));
+        const kv = await new Kvm(nc).open(bucket);
+        assert.equal((await kv.get(`ingest.out.${i}`))?.revision, rev);
+      } finally {
+        stop.abort();
+        await members.catch(() => {});
+      }
     },
   );
 

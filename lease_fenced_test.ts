@@ -1,5 +1,6 @@
-// A manager on a fenced bucket (issue 33, step 3 of design/fenced.md;
-// `fencedManagerOnPort`, which createLeaseManager does not offer yet), on a
+// A manager on a fenced bucket (issue 33: `createLeaseManager({ fenced:
+// true })`, and the internal `fencedManagerOnPort` where a test needs what
+// createLeaseManager refuses), on a
 // real nats-server, against a holder in a process of its own
 // (test_util/fenced_child.ts) that puts to a data key every 50 ms under one
 // lease: SIGKILLed, its key is taken as soon as the server answers its
@@ -19,7 +20,11 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { markersVersion } from "./lease/servers.ts";
-import type { LeaseAcquiredEvent } from "./lease/events.ts";
+import {
+  createLeaseManager,
+  type LeaseAcquiredEvent,
+  type LeaseManager,
+} from "./mod.ts";
 import { signal, startChild } from "./test_util/child.ts";
 import { uniq, versionOf } from "./test_util/lease_helpers.ts";
 import { fencedManager } from "./test_util/port.ts";
@@ -43,17 +48,25 @@ const FENCED = markersVersion(versionOf(natsServerBinary()))
   ? false
   : "fenced buckets need nats-server 2.11.2 or later";
 
-/** A fenced bucket, and a manager on it for `node` over `nc`. */
-async function fencedBucket(nc: NatsConnection) {
+/**
+ * A fenced bucket whose lease TTL is `ttl`, and managers on it for `node`
+ * over `nc`: through createLeaseManager (which creates the bucket on the
+ * first open), or, for a request timeout past the TTL (which
+ * createLeaseManager refuses), through the internal `fencedManager` on
+ * the bucket a first open made. `kvm: true` makes a bare KV bucket with
+ * markers instead (no fenced mark), for the internal path alone.
+ */
+async function fencedBucket(nc: NatsConnection, ttl = TTL, kvm = false) {
   const bucket = uniq("fb");
-  await new Kvm(nc).create(bucket, { history: 1, markerTTL: 1000 });
+  if (kvm) await new Kvm(nc).create(bucket, { history: 1, markerTTL: 1000 });
   const open = async (
     node: string,
     on: NatsConnection = nc,
-    ttl = TTL,
-    timeout = ttl / 4,
+    timeout?: number,
   ) => {
-    const m = await fencedManager(on, bucket, node, ttl, timeout);
+    const m: LeaseManager = timeout === undefined && !kvm
+      ? await createLeaseManager({ nc: on, node, bucket, fenced: true, ttl })
+      : await fencedManager(on, bucket, node, ttl, timeout);
     const found: string[] = [];
     m.addEventListener("acquired", (e) => {
       const a = e as LeaseAcquiredEvent;
@@ -61,8 +74,8 @@ async function fencedBucket(nc: NatsConnection) {
     });
     return { m, found };
   };
-  const kv = await new Kvm(nc).open(bucket);
-  const value = async (key: string) => (await kv.get(key))?.string();
+  const value = async (key: string) =>
+    (await (await new Kvm(nc).open(bucket)).get(key))?.string();
   return { bucket, open, value };
 }
 
@@ -75,7 +88,7 @@ test(
     await using ns = await NatsServer.start();
     const nc = await connect({ servers: ns.url });
     try {
-      const { open, bucket } = await fencedBucket(nc);
+      const { open, bucket } = await fencedBucket(nc, TTL, true);
       await assert.rejects(open("a"), (err: Error) => {
         assert.ok(err instanceof RangeError, String(err));
         assert.match(err.message, /needs 2\.11\.2 or later/);
@@ -142,9 +155,11 @@ test(
   async () => {
     await using ns = await NatsServer.start();
     const nc = await connect({ servers: ns.url });
-    const { bucket, open, value } = await fencedBucket(nc);
     const ttl = 2000;
-    const child = startChild<{ ev: string; n?: number; name?: string }>(CHILD, {
+    const { bucket, open, value } = await fencedBucket(nc, ttl);
+    const child = startChild<
+      { ev: string; n?: number; name?: string; at?: number }
+    >(CHILD, {
       NATS_URL: ns.url,
       LEASE_BUCKET: bucket,
       LEASE_NODE: "child",
@@ -152,17 +167,31 @@ test(
       LEASE_KEY: "k",
       DATA_KEY: "x",
     }, { untilMs: 30_000 });
-    const { m, found } = await open("parent", nc, ttl);
+    const { m, found } = await open("parent");
     try {
       await child.until((e) => e.ev === "holding");
       await pauseProcess(child.pid);
       const stopped = performance.now();
-      const took = await m.guard("k", async (lease) => {
+      const { took, landed } = await m.guard("k", async (lease) => {
         await lease.put("x", "parent");
-        return performance.now() - stopped;
+        return { took: performance.now() - stopped, landed: Date.now() };
       }, { wait: true });
-      console.log(`taken ${took.toFixed(0)} ms after the SIGSTOP (TTL ${ttl})`);
+      const renewed = child.events.filter((e) => e.ev === "renewed").at(-1);
+      console.log(
+        `taken ${
+          took.toFixed(0)
+        } ms after the SIGSTOP (TTL ${ttl}); the successor's put landed ${
+          (landed - renewed!.at!).toFixed(0)
+        } ms after the holder's last renewal seen before it`,
+      );
       assert.deepEqual(found, ["session-ended 0"]);
+      // Not before its session could have expired: a TTL after the last
+      // renewal the holder reported (a later one only makes that sooner;
+      // the two processes' clocks are this machine's, 20 ms of slack).
+      assert.ok(
+        landed - renewed!.at! > ttl - 20,
+        `landed ${landed - renewed!.at!} ms after`,
+      );
       // Its session expired: at most a TTL after its last renewal (which was
       // before the stop), plus the server's lateness and our checks.
       assert.ok(took < ttl + 1500, `taken ${took} ms after the SIGSTOP`);
@@ -206,8 +235,8 @@ test(
       reconnectTimeWait: 100,
     });
     const ttl = 2000;
-    const { open, value } = await fencedBucket(nc);
-    const { m } = await open("a", nc, ttl);
+    const { open, value } = await fencedBucket(nc, ttl);
+    const { m } = await open("a");
     // A writer that tries a fenced put every 50 ms, and what came of each.
     let server = ns.version;
     const stored: { n: number; server: string }[] = [];
@@ -285,11 +314,12 @@ test(
     const ncA = await connect({ servers: proxy.url });
     const nc = await connect({ servers: ns.url });
     const ttl = 2000;
-    const { open, value } = await fencedBucket(nc);
-    // A waits long for its replies: the refusal of its held put comes back
-    // once the proxy lets it through.
-    const a = await open("a", ncA, ttl, 5 * ttl);
-    const b = await open("b", nc, ttl);
+    const { open, value } = await fencedBucket(nc, ttl);
+    // B opens first: it creates the bucket. A waits long for its replies
+    // (past the TTL, so through the internal path): the refusal of its
+    // held put comes back once the proxy lets it through.
+    const b = await open("b");
+    const a = await open("a", ncA, 5 * ttl);
     let late: Promise<unknown> | undefined;
     try {
       await a.m.guard("k", async (lease) => {

@@ -465,6 +465,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       "semaphore-run",
       "shards-app",
       "shards-run",
+      "fenced-bucket",
       "fenced",
       "healthz-run",
       "edge-server",
@@ -1039,6 +1040,27 @@ describe("the README's and docs' code blocks, run as written", () => {
         json,
       );
       assert.deepEqual(rest, [], ls.stdout);
+    },
+  );
+
+  test(
+    "the fenced bucket: the server refuses a frozen holder's late write, and a killed holder's key is taken in milliseconds",
+    {
+      timeout: 60_000,
+      skip: runtime === "node" ? false : "run once, under node --test",
+    },
+    async () => {
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("fenced-bucket"))],
+        root,
+        env,
+      );
+      assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`);
+      assert.match(r.stdout, /^node-a {2}woke; .*the server refused a write/m);
+      assert.match(r.stdout, /^node-b {2}balance is 50 \(node-b\)$/m);
+      assert.match(r.stdout, /killed \(crashed\), and stored 40$/m);
+      assert.match(r.stdout, /^node-b {2}balance is 40 \(node-b\)$/m);
     },
   );
 

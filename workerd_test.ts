@@ -15,6 +15,14 @@
 //   it has answered, asserted as observed (test_util/workerd_probe.ts).
 // - Why plain workerd cannot reach 127.0.0.1 while miniflare can: its
 //   default network allows public addresses only.
+// - On a fenced bucket (nats-server 2.11.2+): stateless requests and Node
+//   holders put "<node>:<epoch>" to one data key under one lease, and the
+//   revisions the server stored them at show the epochs never going down;
+//   a Node holder cut off (its frames held in a proxy) loses the key to a
+//   waiting request once its session expires, and its put, delivered after
+//   the takeover, is refused by the server; after each request answered,
+//   its session's entry is deleted and never renewed again, its probe
+//   subject has no responder and its connection is closed.
 // The limits are written down in docs/runtimes.md.
 //
 // Runs under `node --test` only (Node 24, which runs this TypeScript as is).
@@ -35,10 +43,16 @@ import {
   type LeaseManager,
   NotHolderError,
 } from "./mod.ts";
-import { conn, sleep } from "./test_util/lease_helpers.ts";
-import { NatsServer } from "./test_util/nats_server.ts";
+import { markersVersion } from "./lease/servers.ts";
+import { conn, sleep, versionOf } from "./test_util/lease_helpers.ts";
+import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
+import { type Frame, NatsProxy } from "./test_util/proxy.ts";
 import { COMPATIBILITY_DATE, startWorker } from "./examples/workerd/serve.ts";
-import { journaledWrite, type WriteRecord } from "./examples/workerd/worker.ts";
+import {
+  type FencedRecord,
+  journaledWrite,
+  type WriteRecord,
+} from "./examples/workerd/worker.ts";
 
 /**
  * Short, to keep the file near 20 s, yet long enough that a renewal delayed
@@ -47,6 +61,12 @@ import { journaledWrite, type WriteRecord } from "./examples/workerd/worker.ts";
  */
 const TTL = 2000;
 const BUCKET = "workerd";
+/** The fenced bucket of the worker's `POST /fenced/KEY` (same TTL). */
+const FENCED_BUCKET = "workerd-fenced";
+/** Why the fenced-bucket test is skipped: a server before 2.11.2. */
+const NO_FENCED = markersVersion(versionOf(natsServerBinary()))
+  ? false
+  : "fenced buckets need nats-server 2.11.2 or later";
 /** Every wait below is bounded by this. */
 const WAIT = 10_000;
 /** The workerd binary miniflare runs (npm package `workerd`). */
@@ -74,7 +94,12 @@ before(async () => {
     bucket: BUCKET,
     ttl: TTL,
   });
-  mf = await startWorker({ natsWsUrl: ns.wsUrl!, bucket: BUCKET, ttl: TTL });
+  mf = await startWorker({
+    natsWsUrl: ns.wsUrl!,
+    bucket: BUCKET,
+    ttl: TTL,
+    fencedBucket: FENCED_BUCKET,
+  });
 });
 
 after(async () => {
@@ -418,4 +443,235 @@ const w :Workerd.Worker = (
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });
+});
+
+describe("workerd, a fenced bucket", () => {
+  /**
+   * The stream's session subjects (`_lease.s.<id>`), each with its last
+   * message's sequence, operation and value (the node, while it lives).
+   */
+  async function sessions(): Promise<
+    Map<string, { seq: number; op: string; node: string }>
+  > {
+    const jsm = await jetstreamManager(nc);
+    const stream = `KV_${FENCED_BUCKET}`;
+    const si = await jsm.streams.info(stream, {
+      subjects_filter: `$KV.${FENCED_BUCKET}._lease.s.>`,
+    });
+    const out = new Map<string, { seq: number; op: string; node: string }>();
+    for (const subject of Object.keys(si.state.subjects ?? {})) {
+      const m = await jsm.streams.getMessage(stream, {
+        last_by_subj: subject,
+      });
+      if (!m) continue;
+      out.set(subject, {
+        seq: m.seq,
+        op: m.header?.get("KV-Operation") || "PUT",
+        node: m.string(),
+      });
+    }
+    return out;
+  }
+
+  /** What a request to a session's probe subject gets. */
+  async function probe(subject: string): Promise<string> {
+    const id = subject.slice(subject.lastIndexOf(".") + 1);
+    try {
+      await nc.request(`$LEASE.${FENCED_BUCKET}.probe.${id}`, undefined, {
+        timeout: 500,
+      });
+      return "answered";
+    } catch (err) {
+      return /no responders/i.test(String(err)) ? "no responders" : String(err);
+    }
+  }
+
+  /** The names of the server's open connections. */
+  async function openConnections(): Promise<string[]> {
+    const res = await fetch(`${ns.httpUrl}/connz?limit=1024`, {
+      signal: AbortSignal.timeout(WAIT),
+    });
+    const body = await res.json() as { connections?: { name?: string }[] };
+    return (body.connections ?? []).map((c) => c.name ?? "");
+  }
+
+  test(
+    "stateless requests and Node holders put under one lease: epochs never go down, a cut-off holder's late put is refused by the server, and nothing a request opened outlives it",
+    {
+      skip: NO_FENCED,
+    },
+    async () => {
+      const key = "fenced";
+      const dataKey = "fenced.value";
+      const fencedPath = (puts: number) =>
+        `/fenced/${key}?data=${dataKey}&puts=${puts}`;
+      // This Node holder creates the bucket (TTL 2 s); a second one is cut
+      // off later, through a proxy that holds its frames.
+      const holder = await createLeaseManager({
+        nc,
+        node: "node-fenced",
+        bucket: FENCED_BUCKET,
+        ttl: TTL,
+        fenced: true,
+      });
+      await using proxy = await NatsProxy.start(ns.port);
+      const pnc = await conn(proxy.url);
+      const cutOff = await createLeaseManager({
+        nc: pnc,
+        node: "node-cut-off",
+        bucket: FENCED_BUCKET,
+        ttl: TTL,
+        fenced: true,
+      });
+      try {
+        const kv = await new Kvm(nc).open(FENCED_BUCKET);
+        const before = await sessions();
+
+        // 1. Four requests (three puts each) and the Node holder (three
+        // tenures, two puts each, released after each) contend for the key.
+        const requests = Array.from(
+          { length: 4 },
+          () => call<FencedRecord>(mf, fencedPath(3), "POST"),
+        );
+        type Put = {
+          node: string;
+          epoch: number;
+          value: string;
+          revision: number;
+        };
+        const nodePuts: Put[] = [];
+        for (let i = 0; i < 3; i++) {
+          await holder.guard(key, async (lease) => {
+            for (let j = 0; j < 2; j++) {
+              const value = `${lease.node}:${lease.epoch}`;
+              const revision = await lease.put(dataKey, value);
+              nodePuts.push({
+                node: lease.node,
+                epoch: lease.epoch,
+                value,
+                revision,
+              });
+            }
+          }, { wait: true, signal: AbortSignal.timeout(WAIT) });
+          await holder.release(key);
+          await sleep(30);
+        }
+        const records = await Promise.all(requests);
+        const puts = [
+          ...records.flatMap((r) =>
+            r.puts.map((p) => ({ node: r.node, epoch: r.epoch, ...p }))
+          ),
+          ...nodePuts,
+        ].sort((a, b) => a.revision - b.revision);
+        assert.equal(puts.length, 18, "twelve worker puts and six Node puts");
+        for (const p of puts) assert.equal(p.value, `${p.node}:${p.epoch}`);
+        for (let i = 1; i < puts.length; i++) {
+          const [a, b] = [puts[i - 1]!, puts[i]!];
+          assert.ok(b.revision > a.revision, `revision ${b.revision} once`);
+          assert.ok(
+            b.epoch > a.epoch || (b.epoch === a.epoch && b.node === a.node),
+            `${b.value} stored at ${b.revision}, after ${a.value} at ${a.revision}`,
+          );
+        }
+        for (const r of records) {
+          assert.ok(
+            r.found === "fresh" || r.found === "released",
+            `${r.node} found the key ${r.found}`,
+          );
+        }
+        assert.equal((await kv.get(dataKey))?.string(), puts.at(-1)!.value);
+        console.log(
+          "fenced puts by revision:",
+          puts.map((p) => `${p.revision}=${p.value}`).join(", "),
+        );
+
+        // Every request's session ended with its close(): its entry deleted,
+        // its probe unanswered, its connection closed.
+        const mid = await sessions();
+        const ended = [...mid].filter(([s]) => !before.has(s));
+        assert.equal(ended.length, 4, "one session per request");
+        for (const [subject, last] of ended) {
+          assert.equal(last.op, "DEL", `${subject} deleted by its close()`);
+          assert.equal(await probe(subject), "no responders", subject);
+        }
+        // The checks see a live session: the Node holder's answers.
+        const live = [...mid].find(([, l]) => l.node === "node-fenced");
+        assert.ok(live, "the Node holder's session");
+        assert.equal(await probe(live[0]), "answered");
+        const workers = async () =>
+          (await openConnections()).filter((n) => n.startsWith("worker-"));
+        assert.deepEqual(await workers(), [], "no worker connection is open");
+
+        // 2. The cut-off holder takes the key and puts; then its frames to
+        // the server are held: its renewals, its responder's answers and a
+        // put sent under the tenure it still believes current. A request
+        // waits for the key and takes it once that session expired.
+        const taken = await cutOff.guard(key, async (lease) => {
+          await lease.put(dataKey, `${lease.node}:${lease.epoch}`);
+          return lease;
+        }, { wait: true, signal: AbortSignal.timeout(WAIT) });
+        const dataSubject = `$KV.${FENCED_BUCKET}.${dataKey}`;
+        let replyTo: string | undefined;
+        const answer = Promise.withResolvers<string>();
+        proxy.onFrame = (f: Frame, dir) => {
+          if (dir === "up" && f.subject === dataSubject) {
+            replyTo = f.line.split(" ")[2];
+          } else if (dir === "down" && replyTo && f.subject === replyTo) {
+            answer.resolve(new TextDecoder().decode(f.bytes));
+          }
+        };
+        proxy.hold("up");
+        const heldAt = performance.now();
+        const late = taken.put(dataKey, `${taken.node}:${taken.epoch}:late`)
+          .then(() => "stored", (err: Error) => `${err.name}: ${err.message}`);
+        const requested = call<FencedRecord>(mf, fencedPath(1), "POST");
+        // While it waits, its connection is seen (by its name).
+        await sleep(300);
+        assert.equal((await workers()).length, 1, "the waiting request's");
+        const request = await requested;
+        const waited = performance.now() - heldAt;
+        console.log(
+          `the request took the cut-off holder's key ${
+            Math.round(waited)
+          } ms after its frames were held (TTL ${TTL} ms), found ${request.found}`,
+        );
+        assert.equal(request.found, "session-ended");
+        assert.ok(request.epoch > taken.epoch);
+        assert.ok(waited >= TTL / 2, `taken ${waited} ms after the hold`);
+        assert.ok(replyTo, "the late put was sent to the proxy");
+        proxy.release("up");
+        const refusal = (await answer.promise).trim();
+        assert.match(refusal, /wrong last sequence/, refusal);
+        console.log(
+          `the late put: the server answered ${
+            refusal.slice(refusal.indexOf("{"))
+          }; the holder saw ${await late}`,
+        );
+        assert.notEqual(await late, "stored");
+        const last = await kv.get(dataKey);
+        assert.equal(last?.string(), request.puts[0]!.value);
+        assert.equal(last?.revision, request.puts[0]!.revision);
+
+        // More than a TTL later: no ended session was renewed or came back.
+        const end = await sessions();
+        for (const [subject, last] of ended) {
+          assert.deepEqual(end.get(subject), last, `${subject} untouched`);
+        }
+        // (The cut-off holder opens a new session once its own ended.)
+        const mine = [...end].filter(([s, l]) =>
+          !mid.has(s) && !(l.op === "PUT" && l.node === "node-cut-off")
+        );
+        assert.equal(mine.length, 1, "the last request's session");
+        assert.equal(mine[0]![1].op, "DEL");
+        assert.equal(await probe(mine[0]![0]), "no responders");
+        assert.deepEqual(await workers(), [], "no worker connection is open");
+      } finally {
+        proxy.onFrame = undefined;
+        proxy.release("up");
+        await cutOff.close();
+        await pnc.close();
+        await holder.close();
+      }
+    },
+  );
 });

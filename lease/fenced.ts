@@ -1,8 +1,8 @@
 /**
  * The fenced layout's subjects (issue 33, `design/fenced.md`, "Layout"),
- * and a manager on it over a port: what `createLeaseManager` will offer as
- * `fenced: true` once the rest of the issue is built. Internal for now:
- * the tests and the simulator call it.
+ * and a manager on it over a port: what `createLeaseManager` builds for
+ * `fenced: true` once the bucket and its servers are proven, and what the
+ * simulator and the tests build on ports of their own.
  *
  * @module
  */

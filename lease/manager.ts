@@ -260,8 +260,8 @@
  *    older epochs) never accepts two tenures under one epoch, at the cost
  *    of refusing that successor until it takes the key anew.
  *
- * ## The fenced layout (issue 33; internal until `createLeaseManager`
- * offers it, see `lease/fenced.ts` and `design/fenced.md`)
+ * ## The fenced layout (`createLeaseManager({ fenced: true })`; see
+ * `lease/fenced.ts` and `design/fenced.md`)
  * Tenure entries live at `_lease.k.<key>` and move only at a change of
  * holder; each names, by its tag, the session of the manager that wrote it
  * (`lease/session.ts`), whose one entry, renewed every TTL/3 with a TTL of

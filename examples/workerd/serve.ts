@@ -8,6 +8,7 @@
  *     curl -X POST http://127.0.0.1:8787/write/counter
  *     curl http://127.0.0.1:8787/holder/a/start?key=leader
  *     curl http://127.0.0.1:8787/holder/a/status
+ *     curl -X POST 'http://127.0.0.1:8787/fenced/orders?data=orders.total'
  *
  * (Node 24, which runs TypeScript as is; `workerd_test.ts` uses
  * {@linkcode startWorker} the same way.)
@@ -54,6 +55,8 @@ export interface WorkerOptions {
   bucket?: string;
   /** The lease TTL in ms. @default {the bucket's, or 15000} */
   ttl?: number;
+  /** The fenced bucket of `POST /fenced/KEY`. @default {"fenced-leases"} */
+  fencedBucket?: string;
   /** Serve HTTP on this port (0: none, use `dispatchFetch`). @default {0} */
   port?: number;
   /** The worker's module. @default {worker.ts beside this file} */
@@ -70,6 +73,9 @@ export async function startWorker(options: WorkerOptions): Promise<Miniflare> {
   const bindings: Record<string, string> = { NATS_WS_URL: options.natsWsUrl };
   if (options.bucket) bindings.LEASE_BUCKET = options.bucket;
   if (options.ttl) bindings.LEASE_TTL = String(options.ttl);
+  if (options.fencedBucket) {
+    bindings.LEASE_FENCED_BUCKET = options.fencedBucket;
+  }
   const mf = new Miniflare({
     modules: true,
     script: await bundleWorker(options.entry),

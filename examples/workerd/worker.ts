@@ -14,6 +14,12 @@
  *   ({@linkcode LeaseHolder}) that keeps one connection and campaigns for
  *   KEY across requests; the manager's own timers renew the lease while no
  *   request is in flight.
+ * - `POST /fenced/KEY?data=DATA&puts=N`: a stateless request as
+ *   `/write/KEY`, on a fenced bucket (`fenced: true`, nats-server 2.11.2+):
+ *   under the lease it puts `<node>:<epoch>` to the data key DATA of the
+ *   same bucket N times (default 1), with `lease.put`, which the server
+ *   itself refuses once the tenure is over; readers read DATA with plain
+ *   `@nats-io/kv`.
  *
  * The write appends two messages to the JetStream stream `LEASE_JOURNAL`
  * (subject `lease-journal.KEY`): `start` and `end`, each with the node and
@@ -33,6 +39,7 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
   createLeaseManager,
   type Lease,
+  type LeaseAcquiredEvent,
   type LeaseLostEvent,
   type LeaseManager,
 } from "../../mod.ts";
@@ -45,6 +52,8 @@ export interface Env {
   LEASE_BUCKET?: string;
   /** The lease TTL in ms; must match an existing bucket's. @default {15000} */
   LEASE_TTL?: string;
+  /** The fenced bucket of `POST /fenced/KEY`. @default {"fenced-leases"} */
+  LEASE_FENCED_BUCKET?: string;
   /** The Durable Object namespace of {@linkcode LeaseHolder}. */
   HOLDER: DurableObjectNamespace;
 }
@@ -63,6 +72,16 @@ export interface WriteRecord {
   startSeq: number;
   /** Journal sequence of the write's `end` message. */
   endSeq: number;
+}
+
+/** One guarded request on the fenced bucket, as `POST /fenced/KEY` reports it. */
+export interface FencedRecord {
+  node: string;
+  epoch: number;
+  /** How the key was found when this request took it (`acquired`'s `found`). */
+  found: string | undefined;
+  /** Each put in order: the value and the revision the server stored it at. */
+  puts: { value: string; revision: number }[];
 }
 
 const JOURNAL_STREAM = "LEASE_JOURNAL";
@@ -84,6 +103,12 @@ export default {
     try {
       if (parts[0] === "write" && parts[1] && request.method === "POST") {
         return Response.json(await writeOnce(env, parts[1]));
+      }
+      if (parts[0] === "fenced" && parts[1] && request.method === "POST") {
+        const data = url.searchParams.get("data");
+        if (!data) throw new Error("fenced needs ?data=");
+        const puts = Number(url.searchParams.get("puts") ?? 1);
+        return Response.json(await fencedWrite(env, parts[1], data, puts));
       }
       if (parts[0] === "holder" && parts[1]) {
         // One Durable Object per name; it sees the path from /holder on.
@@ -116,6 +141,64 @@ async function writeOnce(env: Env, key: string): Promise<WriteRecord> {
         wait: true,
         signal: AbortSignal.timeout(WAIT_MS),
       });
+    } finally {
+      await leases.close();
+    }
+  } finally {
+    await nc.close();
+  }
+}
+
+/**
+ * A stateless request's fenced writes: as {@linkcode writeOnce}, on a fenced
+ * bucket, with `lease.put` to `dataKey` of the same bucket. The server
+ * stores a put only while this request's tenure of `key` is current, so a
+ * put that arrives after a successor took the key is refused, whatever
+ * this request believed. The connection carries the manager's session
+ * (renewals, and the responder that tells waiters it is alive): both end
+ * with `close()` before the request answers.
+ */
+async function fencedWrite(
+  env: Env,
+  key: string,
+  dataKey: string,
+  puts: number,
+): Promise<FencedRecord> {
+  const node = `worker-${crypto.randomUUID().slice(0, 8)}`;
+  const nc = await wsconnect({
+    servers: env.NATS_WS_URL.split(","),
+    name: node,
+  });
+  try {
+    const leases = await createLeaseManager({
+      nc,
+      node,
+      fenced: true,
+      bucket: env.LEASE_FENCED_BUCKET ?? "fenced-leases",
+      ...(env.LEASE_TTL ? { ttl: Number(env.LEASE_TTL) } : {}),
+    });
+    let found: string | undefined;
+    leases.addEventListener("acquired", (e: LeaseAcquiredEvent) => {
+      if (e.key === key) found = e.found;
+    });
+    try {
+      return await leases.guard(key, async (lease) => {
+        const record: FencedRecord = {
+          node,
+          epoch: lease.epoch,
+          found,
+          puts: [],
+        };
+        for (let i = 0; i < puts; i++) {
+          if (i > 0) await new Promise((r) => setTimeout(r, WRITE_MS));
+          const value = `${node}:${lease.epoch}`;
+          record.puts.push({
+            value,
+            revision: await lease.put(dataKey, value),
+          });
+        }
+        return record;
+      }, { wait: true, signal: AbortSignal.timeout(WAIT_MS) });
     } finally {
       await leases.close();
     }
