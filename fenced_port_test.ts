@@ -1,5 +1,4 @@
-// The production port's fenced write (issue 33, step 2 of design/fenced.md;
-// the manager does not use it yet): `publish` stores a write only while the
+// The production port's fenced write (issue 33, step 2 of design/fenced.md): `publish` stores a write only while the
 // tenure entry it names is still at the tenure's revision, the check made by
 // the server itself (Nats-Expected-Last-Subject-Sequence-Subject, 2.11+).
 // A takeover's compare-and-set moves the entry, and the old holder's next
@@ -9,6 +8,7 @@
 // sim_test.ts.
 // Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
 // picks the server binary.
+// test.sh: fenced servers too
 import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";

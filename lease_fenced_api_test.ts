@@ -8,6 +8,7 @@
 // refusal behaviour itself is lease_fenced_test.ts's. Runs under
 // `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN picks the
 // server binary.
+// test.sh: fenced servers too
 import { after, before, describe } from "node:test";
 import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";

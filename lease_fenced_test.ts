@@ -10,6 +10,7 @@
 // stored. A server before 2.11.2 is refused before anything is written.
 // Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
 // picks the server binary.
+// test.sh: fenced servers too
 import { test } from "./test_util/server_logs.ts";
 import * as fs from "node:fs";
 import process from "node:process";

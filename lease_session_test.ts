@@ -1,5 +1,5 @@
 // A manager's session on a fenced bucket (issue 33, step 3 of
-// design/fenced.md; `lease/session.ts`, not used by the manager yet), on a
+// design/fenced.md; `lease/session.ts`), on a
 // real nats-server: its entry carries its own TTL and is renewed by
 // compare-and-set; a renewal whose reply was lost is recognised by its tag;
 // an entry replaced behind its back, or renewals nobody confirms, end it,
@@ -7,6 +7,7 @@
 // ended; a server before 2.11.2 is refused before anything is sent.
 // Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
 // picks the server binary.
+// test.sh: fenced servers too
 import { test } from "./test_util/server_logs.ts";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";

@@ -14,6 +14,9 @@
 #     - nats-server $NATS_ROLLBACK_VERSION (the last release before subject
 #       delete markers), built into .tools/bin/nats-server-$NATS_ROLLBACK_VERSION
 #       for the tests that roll a running server back to it;
+#     - nats-server $NATS_FENCE_MIN_VERSION and $NATS_ATOMIC_MIN_VERSION, the
+#       oldest releases with fenced buckets and with atomic batches, built
+#       the same way, for scripts/test.sh's servers fence-min and atomic-min;
 #     - Debian's nats-server package (/usr/sbin/nats-server, 2.9.10 on bookworm),
 #       the oldest server the tests run against;
 #     - Debian's etcd-server and redis-server, for bench/peers.ts only;
@@ -28,11 +31,13 @@ set -euo pipefail
 
 NATS_SERVER_VERSION=2.15.2
 NATS_ROLLBACK_VERSION=2.10.22
+NATS_FENCE_MIN_VERSION=2.11.2
+NATS_ATOMIC_MIN_VERSION=2.12.0
 
 profile="${1:-all}"
 case "$profile" in
 demo | quickstart | all) ;;
--h | --help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' && exit 0 ;;
+-h | --help) sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' && exit 0 ;;
 *)
   echo "setup: the profile must be demo, quickstart or all: received '$profile'" >&2
   exit 2
@@ -158,28 +163,34 @@ if [[ "$profile" != all ]]; then
   exit 0
 fi
 
-# 2b. nats-server $NATS_ROLLBACK_VERSION as .tools/bin/nats-server-$NATS_ROLLBACK_VERSION
-# (go install names every build nats-server: built in a directory of its own,
-# then moved).
-old=".tools/bin/nats-server-$NATS_ROLLBACK_VERSION"
-if [[ -x "$old" && "$("$old" --version 2>/dev/null)" == "nats-server: v$NATS_ROLLBACK_VERSION" ]]; then
-  echo "setup: $old v$NATS_ROLLBACK_VERSION present"
-else
+# 2b. Older releases, each as .tools/bin/nats-server-<version> (go install
+# names every build nats-server: built in a directory of its own, then
+# moved): $NATS_ROLLBACK_VERSION, and the first releases with fenced writes
+# ($NATS_FENCE_MIN_VERSION) and atomic batches ($NATS_ATOMIC_MIN_VERSION).
+build_release() {
+  local version="$1" out=".tools/bin/nats-server-$1" build
+  if [[ -x "$out" && "$("$out" --version 2>/dev/null)" == "nats-server: v$version" ]]; then
+    echo "setup: $out v$version present"
+    return
+  fi
   if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
     PATH="/usr/local/go/bin:$PATH"
   fi
   if ! command -v go >/dev/null; then
-    echo "setup: FAILED: Go is needed to build nats-server v$NATS_ROLLBACK_VERSION (try 'apt-get install -y golang-go')" >&2
+    echo "setup: FAILED: Go is needed to build nats-server v$version (try 'apt-get install -y golang-go')" >&2
     exit 1
   fi
   build="$(mktemp -d "${TMPDIR:-/tmp}/lease-setup-bin.XXXXXX")"
   quietly env GOBIN="$build" \
-    go install "github.com/nats-io/nats-server/v2@v$NATS_ROLLBACK_VERSION"
+    go install "github.com/nats-io/nats-server/v2@v$version"
   mkdir -p .tools/bin
-  mv "$build/nats-server" "$old"
+  mv "$build/nats-server" "$out"
   rmdir "$build"
-  echo "setup: built $old ($("$old" --version))"
-fi
+  echo "setup: built $out ($("$out" --version))"
+}
+build_release "$NATS_ROLLBACK_VERSION"
+build_release "$NATS_FENCE_MIN_VERSION"
+build_release "$NATS_ATOMIC_MIN_VERSION"
 
 # 3. Debian's nats-server: the oldest version the tests cover.
 if [[ -x /usr/sbin/nats-server ]]; then

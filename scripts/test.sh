@@ -3,15 +3,21 @@
 # against each nats-server binary, one runtime at a time, and sums the
 # results.
 #
-# Usage: bash scripts/test.sh [--runtime deno|bun|node]... [--server current|oldest]... [files...]
+# Usage: bash scripts/test.sh [--runtime deno|bun|node]... [--server current|oldest|fence-min|atomic-min]... [files...]
 #
 #   --runtime R  run only runtime R (repeatable; default: deno, bun and node)
-#   --server S   run only against server S (repeatable; default: both for
-#                deno, current only for bun and node: the matrix's Bun x
-#                2.9.10 and Node x 2.9.10 cells are left out to keep CI
-#                under 40 minutes; name --server oldest to run them)
-#                  current = .tools/bin/nats-server (built by scripts/setup.sh)
-#                  oldest  = /usr/sbin/nats-server (Debian's 2.9.10)
+#   --server S   run only against server S (repeatable; default: current and
+#                oldest for deno, current only for bun and node: the
+#                matrix's Bun x 2.9.10 and Node x 2.9.10 cells are left out
+#                to keep CI under 50 minutes; name --server oldest to run
+#                them; and fence-min and atomic-min under node, for the
+#                files whose line "// test.sh: fenced servers too" asks)
+#                  current    = .tools/bin/nats-server (built by scripts/setup.sh)
+#                  oldest     = /usr/sbin/nats-server (Debian's 2.9.10)
+#                  fence-min  = .tools/bin/nats-server-2.11.2, the first
+#                               release with fenced buckets
+#                  atomic-min = .tools/bin/nats-server-2.12.0, the first
+#                               with atomic batches
 #   files        test files (default: every *_test.ts in the repo root and
 #                test_util/); a file that starts no server (sim_test.ts), or
 #                whose line "// test.sh: first server only" says it tests a
@@ -64,7 +70,7 @@ while (($# > 0)); do
 done
 ((${#runtimes[@]} > 0)) || runtimes=(deno bun node)
 servers_given=${#servers[@]}
-((${#servers[@]} > 0)) || servers=(current oldest)
+((${#servers[@]} > 0)) || servers=(current oldest fence-min atomic-min)
 for r in "${runtimes[@]}"; do
   [[ "$r" =~ ^(deno|bun|node)$ ]] || {
     echo "test.sh: --runtime must be deno, bun or node: received '$r'" >&2
@@ -72,8 +78,8 @@ for r in "${runtimes[@]}"; do
   }
 done
 for s in "${servers[@]}"; do
-  [[ "$s" =~ ^(current|oldest)$ ]] || {
-    echo "test.sh: --server must be current or oldest: received '$s'" >&2
+  [[ "$s" =~ ^(current|oldest|fence-min|atomic-min)$ ]] || {
+    echo "test.sh: --server must be current, oldest, fence-min or atomic-min: received '$s'" >&2
     exit 2
   }
 done
@@ -127,6 +133,8 @@ server_binary() {
   case "$1" in
   current) echo "$root/.tools/bin/nats-server" ;;
   oldest) echo "/usr/sbin/nats-server" ;;
+  fence-min) echo "$root/.tools/bin/nats-server-2.11.2" ;;
+  atomic-min) echo "$root/.tools/bin/nats-server-2.12.0" ;;
   esac
 }
 
@@ -306,6 +314,13 @@ for f in "${files[@]}"; do
   fi
 done
 
+# A file whose line "// test.sh: fenced servers too" says it tests fenced
+# buckets runs with fence-min and atomic-min as well; no other file does.
+fenced_too=()
+for f in "${files[@]}"; do
+  if grep -q '^// test.sh: fenced servers too' "$f"; then fenced_too+=("$f"); fi
+done
+
 # Prints each skipped test in a runtime's log as "NAME<TAB>REASON", one a
 # line. Only node prints the reason given to `skip`; titles of tests skipped
 # for a reason worth knowing carry it too ("[skipped: ...]").
@@ -360,6 +375,11 @@ for runtime in "${runtimes[@]}"; do
       printf '%-5s server oldest: not run by default (name --server oldest to run it)\n' "$runtime"
       continue
     fi
+    # The first releases with fenced buckets and atomic batches: what
+    # differs there is the server's, so one runtime covers them.
+    if ((servers_given == 0)) && [[ "$runtime" != node && "$server" == @(fence-min|atomic-min) ]]; then
+      continue
+    fi
     bin="$(server_binary "$server")"
     if [[ -x "$bin" ]]; then
       version="$("$bin" --version 2>/dev/null | sed -E 's/^.*v([0-9][^ ]*).*$/\1/')"
@@ -371,6 +391,7 @@ for runtime in "${runtimes[@]}"; do
     for f in "${files[@]}"; do
       if [[ "$server" != "${servers[0]}" && " ${first_only[*]} " == *" $f "* ]]; then continue; fi
       if [[ "$runtime" != node && " ${node_only[*]} " == *" $f "* ]]; then continue; fi
+      if [[ "$server" == @(fence-min|atomic-min) && " ${fenced_too[*]} " != *" $f "* ]]; then continue; fi
       run_files+=("$f")
     done
     if ((${#run_files[@]} == 0)); then
