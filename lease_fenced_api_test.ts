@@ -26,6 +26,7 @@ import {
   type ShardAssignment,
   shards,
 } from "./mod.ts";
+import { maxKeyLength } from "./lease/input.ts";
 import { atomicVersion, markersVersion } from "./lease/servers.ts";
 import { uniq, versionOf } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
@@ -207,6 +208,26 @@ describe("createLeaseManager with fenced: true", () => {
     assert.equal((await streamOf(classicBucket))!.state.messages, kept);
   });
 
+  test(
+    "a fenced bucket takes keys up to its own longest (its tenure subject is longer than a classic key's), and refuses a longer one before sending",
+    { skip: OLD },
+    async () => {
+      const bucket = uniq("fb");
+      const m = await open({ node: "a", bucket, ttl: TTL });
+      const max = maxKeyLength(bucket) - "_lease.k.".length;
+      const before = (await streamOf(bucket))!.state.last_seq;
+      await assert.rejects(
+        m.guard("k".repeat(max + 1), () => {}),
+        (err: Error) =>
+          err instanceof TypeError &&
+          /must be at most \d+ characters/.test(err.message),
+      );
+      assert.equal((await streamOf(bucket))!.state.last_seq, before);
+      const epoch = await m.guard("k".repeat(max), (lease) => lease.epoch);
+      assert.ok(epoch > before);
+    },
+  );
+
   test("a classic lease's fenced writes reject with a TypeError and send nothing", async () => {
     const bucket = uniq("cb");
     const c = await createLeaseManager({
@@ -313,6 +334,10 @@ describe("createLeaseManager with fenced: true", () => {
         const rev = await lease.guard((l) => l.put(`ingest.out.${i}`, "a"));
         const kv = await new Kvm(nc).open(bucket);
         assert.equal((await kv.get(`ingest.out.${i}`))?.revision, rev);
+        // The shard's lease itself writes too, fenced by the same tenure.
+        const again = await lease.put(`ingest.out.${i}`, "a2");
+        assert.equal((await kv.get(`ingest.out.${i}`))?.revision, again);
+        assert.ok(again > rev);
       } finally {
         stop.abort();
         await members.catch(() => {});

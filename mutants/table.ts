@@ -896,4 +896,73 @@ export const MUTANTS: readonly Mutant[] = [
     what:
       "a fenced key is taken from a holder whose session lives: two live tenures, the first one's writes refused",
   },
+  // --- lease.ts: createLeaseManager's fenced buckets -------------------
+  {
+    id: "FA1",
+    file: "lease.ts",
+    find: `  if (metadata?.[LAYOUT_KEY] !== "fenced") return undefined;`,
+    replace: `  return undefined;`,
+    test: "lease_fenced_api_test.ts",
+    what:
+      "the fenced mark is never read: a classic manager would open a fenced bucket, and a fenced one refuses its own",
+  },
+  {
+    id: "FA2",
+    file: "lease.ts",
+    find: `                [TTL_KEY]: String(o.ttl),`,
+    replace: ``,
+    test: "lease_fenced_api_test.ts",
+    name: "marked fenced",
+    what:
+      "a fenced bucket is created without its TTL in the metadata: no later manager can learn the sessions' TTL",
+  },
+  {
+    id: "FA3",
+    file: "lease.ts",
+    find:
+      `      if (atomicVersion(nc.info?.version ?? "") && !config.allow_atomic) {`,
+    replace: `      if (false) {`,
+    test: "lease_fenced_api_test.ts",
+    name: "commit",
+    what:
+      "a fenced bucket created on 2.12+ gets no atomic batches: every lease.commit is refused by the server",
+  },
+  {
+    id: "FA4",
+    file: "lease.ts",
+    find: `    for (const name of ["markers", "restartGrace"] as const) {`,
+    replace: `    for (const name of ["markers"] as const) {`,
+    test: "lease_fenced_api_test.ts",
+    name: "bad options",
+    what:
+      "restartGrace is taken with fenced: true, where no grace applies: a user's setting silently does nothing",
+  },
+  {
+    id: "FA5",
+    file: "lease.ts",
+    find: `    maxKey: fenced ? maxKey - TENURE_PREFIX.length : maxKey,`,
+    replace: `    maxKey,`,
+    test: "lease_fenced_api_test.ts",
+    name: "longest",
+    what:
+      "a fenced bucket takes a classic bucket's longest key: its longer tenure subject overflows the server's control line, which closes the connection",
+  },
+  {
+    id: "FA6",
+    file: "semaphore.ts",
+    find: `    return this.#lease.put(key, value);`,
+    replace: `    return Promise.resolve(0);`,
+    test: "lease_fenced_api_test.ts",
+    name: "semaphore",
+    what: "a slot lease's put is not passed on: nothing is stored",
+  },
+  {
+    id: "FA7",
+    file: "shards.ts",
+    find: `    return this.#lease.put(key, value);`,
+    replace: `    return Promise.resolve(0);`,
+    test: "lease_fenced_api_test.ts",
+    name: "shards",
+    what: "a shard lease's put is not passed on: nothing is stored",
+  },
 ];
