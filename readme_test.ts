@@ -461,6 +461,7 @@ describe("the README's and docs' code blocks, run as written", () => {
       "cron",
       "cli-two-runs",
       "cli-ls",
+      "cli-fenced",
       "semaphore-app",
       "semaphore-run",
       "shards-app",
@@ -1040,6 +1041,60 @@ describe("the README's and docs' code blocks, run as written", () => {
         json,
       );
       assert.deepEqual(rest, [], ls.stdout);
+    },
+  );
+
+  test(
+    "docs/cli.md's fenced bucket: a lease put under lease run is stored, a put under that epoch from the next tenure is refused by the server, and lease ls lists the tenure only",
+    {
+      timeout: 60_000,
+      skip: runtime === "node" ? false : "run once, under node --test",
+    },
+    async () => {
+      const r = await run(
+        "bash",
+        ["-euo", "pipefail", "-c", local(block("cli-fenced"))],
+        root,
+        { ...env, NATS_URL: `nats://127.0.0.1:${port}` },
+      );
+      assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}`);
+      // Two tenures of month-end, the second under a later epoch.
+      const tenures = [
+        ...r.stderr.matchAll(/holding 'month-end' as (\S+), epoch (\d+)/g),
+      ];
+      assert.equal(tenures.length, 2, r.stderr);
+      const [first, second] = tenures.map((m) => Number(m[2]));
+      assert.ok(second! > first!, r.stderr);
+      // The second tenure's put under the first's epoch: refused by the
+      // server, which names the tenure entry's revision now (the second's).
+      const refused =
+        /not stored: the tenure of 'month-end' at epoch (\d+) is over \(its tenure entry is at revision (\d+) now/
+          .exec(r.stderr);
+      assert.ok(refused, r.stderr);
+      assert.deepEqual([Number(refused[1]), Number(refused[2])], [
+        first,
+        second,
+      ]);
+      // stdout: the refusal, then lease ls: the tenure alone, held by the
+      // second run (no data key, no session).
+      const [said, head, row, ...rest] = r.stdout.trim().split("\n");
+      assert.equal(said, "refused", r.stdout);
+      assert.match(head!, /^KEY\s+STATE\s+HOLDER\s+EPOCH/);
+      assert.deepEqual(
+        row!.split(/\s+/).slice(0, 4),
+        ["month-end", "held", tenures[1]![1], String(second)],
+      );
+      assert.deepEqual(rest, [], r.stdout);
+      // The first tenure's value, as plain KV reads it.
+      const { connect } = await import("@nats-io/transport-node");
+      const { Kvm } = await import("@nats-io/kv");
+      const nc = await connect({ port });
+      try {
+        const kv = await new Kvm(nc).open("ledger");
+        assert.equal((await kv.get("totals.today"))?.string(), "1200");
+      } finally {
+        await nc.close();
+      }
     },
   );
 

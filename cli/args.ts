@@ -26,7 +26,16 @@ import { EXIT } from "./exit.ts";
 export const RELEASE_BOUND_MS = 5_000;
 
 /** A subcommand of `lease`. */
-export type Sub = "run" | "holder" | "watch" | "ls" | "release" | "shards";
+export type Sub =
+  | "run"
+  | "holder"
+  | "watch"
+  | "ls"
+  | "release"
+  | "shards"
+  | "put"
+  | "delete";
+/** The operators' subcommands, which the general usage lists first. */
 const SUBS: readonly Sub[] = [
   "run",
   "holder",
@@ -35,10 +44,16 @@ const SUBS: readonly Sub[] = [
   "release",
   "shards",
 ];
+/**
+ * The fenced writes of a command run by `lease run` on a fenced bucket
+ * (cli/fenced.ts): they take their tenure from its environment.
+ */
+const TENURE_SUBS: readonly Sub[] = ["put", "delete"];
+const ALL_SUBS: readonly Sub[] = [...SUBS, ...TENURE_SUBS];
 
 /** Whether `word` names a subcommand. */
 export function isSub(word: string | undefined): word is Sub {
-  return (SUBS as readonly (string | undefined)[]).includes(word);
+  return (ALL_SUBS as readonly (string | undefined)[]).includes(word);
 }
 
 /**
@@ -62,22 +77,24 @@ const OPTIONS: readonly Opt[] = [
   {
     flag: "--servers",
     arg: "URL",
-    subs: SUBS,
+    subs: ALL_SUBS,
     text: "NATS server(s), comma-separated (default: $NATS_URL,\n" +
-      "then 127.0.0.1:4222)",
+      "then 127.0.0.1:4222; put and delete: $LEASE_SERVERS first)",
   },
   {
     flag: "--bucket",
     arg: "NAME",
-    subs: SUBS,
-    text: "lease bucket (default: leases)",
+    subs: ALL_SUBS,
+    text: "lease bucket (default: leases; put and delete: $LEASE_BUCKET,\n" +
+      "which it must match when given)",
   },
   {
     flag: "--domain",
     arg: "NAME",
-    subs: SUBS,
+    subs: ALL_SUBS,
     text: "JetStream domain of the bucket, for a client of a leaf node\n" +
-      "whose bucket is in the hub's domain (default: the server's own)",
+      "whose bucket is in the hub's domain (default: the server's own;\n" +
+      "put and delete: $LEASE_DOMAIN)",
   },
   {
     flag: "--node",
@@ -98,6 +115,13 @@ const OPTIONS: readonly Opt[] = [
     arg: "ID",
     subs: ["run"],
     text: "holder id (default: host name and process id)",
+  },
+  {
+    flag: "--fenced",
+    subs: ["run"],
+    text: "create the bucket fenced when it does not exist (an existing\n" +
+      "bucket's layout is read from it; --fenced on a classic one is\n" +
+      "refused)",
   },
   {
     flag: "--limit",
@@ -181,7 +205,7 @@ const OPTIONS: readonly Opt[] = [
   {
     flag: "--help",
     short: "-h",
-    subs: SUBS,
+    subs: ALL_SUBS,
     text: "print the help of lease, or of the subcommand",
   },
 ];
@@ -196,7 +220,8 @@ const SUBCOMMANDS: Record<
     about:
       `Waits for its turn on KEY (a watch, no polling), then runs CMD in a process
 group of its own with LEASE_KEY, LEASE_NODE, LEASE_EPOCH and LEASE_TENURE
-in its environment, renewing the lease while it runs. When CMD exits the lease is
+(and LEASE_BUCKET, LEASE_SERVERS, and LEASE_DOMAIN with --domain) in its
+environment, renewing the lease while it runs. When CMD exits the lease is
 released at once and lease exits with CMD's status (128 + N for signal N).
 While it waits it says on stderr who holds KEY.
 
@@ -221,7 +246,14 @@ are held. Every run of KEY must give the same N, or lease exits ${EXIT.LIMIT_MIS
 To change N while runs go on, give the new N with --resize: such a run counts
 every held slot, whatever its N, against its own, and a run without it counts
 those slots against its own N, so at most the larger N run at once. Once no
-run with the old N is left, --resize may be dropped.`,
+run with the old N is left, --resize may be dropped.
+
+On a fenced bucket (read from the bucket; --fenced creates one), the epoch is
+the revision of KEY's tenure entry, and CMD may write data keys of the bucket
+with 'lease put KEY VALUE' and 'lease delete KEY': the server stores them only
+while this tenure lasts. A takeover needs no grace there: a crashed holder's
+key is taken within milliseconds. An eviction or takeover is seen within a
+third of the TTL, and CMD is then stopped.`,
     notes:
       `Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY (or one too
 long for the bucket), ${EXIT.BAD_DURATION} a bad duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
@@ -233,7 +265,9 @@ another N.`,
     summary: "print who holds KEY",
     about:
       `Prints the holder of KEY and its epoch ("none" when nobody holds it). A read:
-a hint that a lagging replica may serve late.`,
+a hint that a lagging replica may serve late. On a fenced bucket, a tenure
+whose holder's session is over prints "none (orphaned: NODE epoch N)": the
+next node to ask takes it at once.`,
   },
   watch: {
     summary: "print every change of holder",
@@ -242,7 +276,9 @@ a hint that a lagging replica may serve late.`,
 expiry), until interrupted. With --prefix P (the keys below P) or --all (the
 whole bucket), one line per key first, then one per change of any of them,
 with why a key is free: "KEY: none (released|expired|removed)". Renewals are
-not changes.`,
+not changes. On a fenced bucket only the leases' tenure entries are followed
+(never the data keys or the sessions), and a tenure whose holder's session
+ended shows as "KEY: none (orphaned: NODE epoch N)".`,
   },
   ls: {
     summary: "list the keys, their holders and states",
@@ -254,7 +290,11 @@ and its state: held; released (a lease manager's clean release); expired (an
 entry past the TTL still shown, or the server's expiry marker); removed (a
 delete or purge by anyone else, such as lease release). Keys whose entry
 expired without a marker (servers before 2.11, or buckets without markers)
-are gone from the bucket and not listed. A read: hints.`,
+are gone from the bucket and not listed. A read: hints.
+
+On a fenced bucket it lists the leases' tenure entries only (not the data
+keys, nor the sessions): RENEWED and EXPIRES IN are those of the holder's
+session, and a tenure whose session is over is "orphaned" (free to take).`,
   },
   shards: {
     summary: "print the members and each shard's owner",
@@ -274,7 +314,34 @@ a clean release). While ID keeps renewing, the entry is read again and the
 delete retried for up to ${
         RELEASE_BOUND_MS / 1000
       } s. Exits ${EXIT.NOT_HOLDER} when ID does not hold KEY, ${EXIT.UNAVAILABLE} when
-the entry changed under every attempt (nothing was evicted).`,
+the entry changed under every attempt (nothing was evicted). On a fenced
+bucket it deletes KEY's tenure entry: a successor takes KEY at once, the
+server refuses the evicted holder's fenced writes from then on, and its
+lease run stops its command within a third of the TTL.`,
+  },
+  put: {
+    summary: "store VALUE at KEY, fenced by the tenure",
+    about:
+      `For a command run by 'lease run' on a fenced bucket: stores VALUE (or stdin,
+with -) at the data key KEY of LEASE_BUCKET, in one write fenced by the tenure
+of LEASE_KEY at LEASE_EPOCH, and prints its revision. The server stores it only
+while that tenure lasts: once another node took LEASE_KEY (or the tenure was
+released or evicted), it refuses the write, nothing is stored, and put exits
+${EXIT.NOT_HOLDER}. It needs no session of its own, so a command that outlives its lease run
+writes nothing. Readers read KEY with any KV client. Keys under '_lease.' hold
+the leases themselves and are refused.`,
+    notes:
+      `Exit statuses: 0 stored, ${EXIT.NOT_HOLDER} refused (the tenure is over), ${EXIT.USAGE} bad arguments or
+environment (no LEASE_EPOCH, a classic bucket), ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.NO_SERVER} no server
+reachable, ${EXIT.UNAVAILABLE} no JetStream, no such bucket, or no answer (then it may be stored).`,
+  },
+  delete: {
+    summary: "delete KEY, fenced by the tenure",
+    about:
+      `For a command run by 'lease run' on a fenced bucket: deletes the data key KEY
+of LEASE_BUCKET (a KV delete), in one write fenced by the tenure of LEASE_KEY at
+LEASE_EPOCH, as 'lease put' stores, and prints its revision; exits ${EXIT.NOT_HOLDER} when the
+server refused it because the tenure is over.`,
   },
 };
 
@@ -306,7 +373,7 @@ function synopsis(sub: Sub, brief: boolean): string {
     o.subs.includes(sub) && o.flag !== "--help"
   );
   const optional = opts.filter((o) =>
-    !o.required && !(brief && o.subs.length === SUBS.length) &&
+    !o.required && !(brief && o.subs.length === ALL_SUBS.length) &&
     !(sub === "watch" && ALT_FLAGS.includes(o.flag))
   );
   // `watch` takes KEY, or --prefix or --all in its place; `ls` no KEY.
@@ -320,6 +387,7 @@ function synopsis(sub: Sub, brief: boolean): string {
         ...opts.filter(alt).map(optionWords),
       ].join("|"),
     ]),
+    ...(sub === "put" ? ["VALUE|-"] : []),
     ...opts.filter((o) => o.required).map(optionWords),
     ...(brief && optional.length > 1
       ? ["[options]"]
@@ -335,15 +403,23 @@ function synopsis(sub: Sub, brief: boolean): string {
  */
 export function usage(sub: Sub | "", full: boolean): string {
   if (sub === "") {
-    const lines = SUBS.map((s) => [synopsis(s, true), SUBCOMMANDS[s].summary]);
-    const width = Math.max(...lines.map(([l]) => l!.length)) + 3;
+    const line = (s: Sub) => [synopsis(s, true), SUBCOMMANDS[s].summary];
+    const lines = SUBS.map(line);
+    const tenure = TENURE_SUBS.map(line);
+    const width = Math.max(...[...lines, ...tenure].map(([l]) => l!.length)) +
+      3;
+    const table = (ls: string[][]) =>
+      ls.map(([l, summary]) => `  ${l!.padEnd(width)}${summary}`);
     return [
       `usage: lease <${SUBS.join("|")}> KEY [options]`,
       "",
-      ...lines.map(([l, summary]) => `  ${l!.padEnd(width)}${summary}`),
+      ...table(lines),
+      "",
+      "In a command run by lease run on a fenced bucket:",
+      ...table(tenure),
       "",
       "Options for every subcommand:",
-      optionTable(OPTIONS.filter((o) => o.subs.length === SUBS.length)),
+      optionTable(OPTIONS.filter((o) => o.subs.length === ALL_SUBS.length)),
       "",
       "'lease <subcommand> --help' says more.",
     ].join("\n");
@@ -383,6 +459,60 @@ export class UsageError extends Error {
   }
 }
 
+/**
+ * The tenure `lease put` and `lease delete` write under: what `lease run`
+ * gives its command (LEASE_BUCKET, LEASE_KEY, LEASE_EPOCH).
+ */
+export interface TenureEnv {
+  /** LEASE_BUCKET. */
+  readonly bucket: string;
+  /** LEASE_KEY: the lease key (a slot's key under `-n`). */
+  readonly key: string;
+  /** LEASE_EPOCH: the revision of the key's tenure entry. */
+  readonly epoch: number;
+}
+
+/**
+ * Reads LEASE_BUCKET, LEASE_KEY and LEASE_EPOCH for `lease put` and
+ * `lease delete`; throws a {@linkcode UsageError} naming what is missing
+ * or malformed.
+ */
+function tenureEnv(
+  env: Record<string, string | undefined>,
+  sub: string,
+): TenureEnv {
+  const names = ["LEASE_BUCKET", "LEASE_KEY", "LEASE_EPOCH"] as const;
+  const missing = names.filter((n) => !env[n]);
+  if (missing.length > 0) {
+    throw new UsageError(
+      `lease ${sub} writes under the tenure of a command run by lease run on a fenced bucket, and ${
+        missing.join(", ")
+      } ${
+        missing.length === 1 ? "is" : "are"
+      } not set: run it inside such a command (lease run --fenced KEY -- sh -c 'lease ${sub} ...'); nothing was sent`,
+    );
+  }
+  const epoch = Number(env.LEASE_EPOCH);
+  if (
+    !/^\d+$/.test(env.LEASE_EPOCH!) || !Number.isSafeInteger(epoch) ||
+    epoch < 1
+  ) {
+    throw new UsageError(
+      `LEASE_EPOCH must be the tenure's revision (a whole number from 1): received ${
+        JSON.stringify(env.LEASE_EPOCH)
+      }; nothing was sent`,
+    );
+  }
+  if (!/^[-\w]+$/.test(env.LEASE_BUCKET!) || !KEY_RE.test(env.LEASE_KEY!)) {
+    throw new UsageError(
+      `LEASE_BUCKET and LEASE_KEY must name a bucket and a key: received ${
+        JSON.stringify(env.LEASE_BUCKET)
+      } and ${JSON.stringify(env.LEASE_KEY)}; nothing was sent`,
+    );
+  }
+  return { bucket: env.LEASE_BUCKET!, key: env.LEASE_KEY!, epoch };
+}
+
 /** The command line, parsed: the subcommand, its KEY and its options. */
 export interface Args {
   count: number;
@@ -410,6 +540,12 @@ export interface Args {
   help: boolean;
   command: string[];
   limit?: number;
+  /** `run --fenced`: create the bucket fenced when it does not exist. */
+  fenced: boolean;
+  /** `put KEY VALUE`: the value as given (`-`: read stdin). */
+  value?: string;
+  /** `put` and `delete`: the tenure, from the environment. */
+  tenure?: TenureEnv;
 }
 
 function duration(
@@ -436,6 +572,40 @@ function shellLine(words: readonly string[]): string {
   ).join(" ");
 }
 
+/**
+ * `put` and `delete`: the tenure from the environment, and the bucket,
+ * servers and domain `lease run` gave its command unless given here. A
+ * `--bucket` other than LEASE_BUCKET is refused: the epoch is a revision
+ * of LEASE_BUCKET's stream, and means nothing in another.
+ */
+function tenureArgs(
+  a: Args,
+  given: string[],
+  fail: (message: string, code?: number) => UsageError,
+): void {
+  const env = process.env;
+  a.tenure = tenureEnv(env, a.sub);
+  if (given.includes("--bucket") && a.bucket !== a.tenure.bucket) {
+    throw fail(
+      `--bucket ${a.bucket} is not LEASE_BUCKET (${a.tenure.bucket}), the bucket of the tenure lease ${a.sub} writes under: omit --bucket`,
+    );
+  }
+  a.bucket = a.tenure.bucket;
+  if (!given.includes("--servers") && env.LEASE_SERVERS) {
+    a.servers = env.LEASE_SERVERS.split(",");
+  }
+  if (!given.includes("--domain") && env.LEASE_DOMAIN) {
+    if (!/^[^\s.*>]+$/.test(env.LEASE_DOMAIN)) {
+      throw fail(
+        `LEASE_DOMAIN needs a JetStream domain: received ${
+          JSON.stringify(env.LEASE_DOMAIN)
+        }`,
+      );
+    }
+    a.domain = env.LEASE_DOMAIN;
+  }
+}
+
 /** Parses the command line; throws {@linkcode UsageError} on bad input. */
 export function parse(argv: string[]): Args {
   const dash = argv.indexOf("--");
@@ -457,6 +627,7 @@ export function parse(argv: string[]): Args {
     all: false,
     help: false,
     command,
+    fenced: false,
   };
   const rest: string[] = [];
   const given: string[] = [];
@@ -536,6 +707,9 @@ export function parse(argv: string[]): Args {
       }
       case "--contain":
         a.contain = true;
+        break;
+      case "--fenced":
+        a.fenced = true;
         break;
       case "--resize":
         a.resize = true;
@@ -653,6 +827,7 @@ export function parse(argv: string[]): Args {
   if (a.resize && a.limit === undefined) {
     throw fail("--resize changes the N of -n N: give -n too");
   }
+  if (sub === "put" || sub === "delete") tenureArgs(a, given, fail);
   // The longest key of the bucket (lease connects with nats.js's default
   // inbox prefix): a longer one would make the server close the connection
   // on its first request, so it is refused here, before connecting.
@@ -705,7 +880,14 @@ export function parse(argv: string[]): Args {
     }
     return a;
   }
-  if (rest.length !== 2) {
+  if (rest.length !== (sub === "put" ? 3 : 2)) {
+    if (sub === "put") {
+      throw fail(
+        `lease put needs KEY and VALUE (- reads VALUE from stdin): received ${
+          rest.length - 1
+        } word${rest.length === 2 ? "" : "s"}`,
+      );
+    }
     throw fail(
       rest.length < 2
         ? `lease ${sub} needs a KEY${
@@ -715,11 +897,20 @@ export function parse(argv: string[]): Args {
     );
   }
   a.key = rest[1]!;
+  if (sub === "put") a.value = rest[2]!;
   if (!KEY_RE.test(a.key)) {
     throw fail(
       `invalid key ${
         JSON.stringify(a.key)
       }: letters, digits, '-', '_', '/', '=' in '.'-separated tokens`,
+      EXIT.BAD_KEY,
+    );
+  }
+  if ((sub === "put" || sub === "delete") && a.key.startsWith("_lease.")) {
+    throw fail(
+      `invalid key ${
+        JSON.stringify(a.key)
+      }: keys under '_lease.' hold the leases themselves; nothing was sent`,
       EXIT.BAD_KEY,
     );
   }

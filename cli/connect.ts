@@ -17,10 +17,20 @@ import {
 import {
   createLeaseManager,
   type LeaseManager,
+  maxKeyLength,
   MIN_TTL,
   UnavailableError,
 } from "../lease.ts";
+import { markersVersion } from "../lease/servers.ts";
+import { LONGEST_SUFFIX as SEMAPHORE_SUFFIX } from "../semaphore.ts";
 import { type Args, UsageError } from "./args.ts";
+import { EXIT } from "./exit.ts";
+import {
+  bucketLayout,
+  fencedTtl,
+  type Layout,
+  TENURE_PREFIX,
+} from "./fenced.ts";
 
 /** No server of `--servers` could be reached (exit 68). */
 export class NoServerError extends Error {
@@ -47,13 +57,32 @@ export async function dial(a: Args): Promise<NatsConnection> {
 
 /**
  * A connection and a lease manager on `--bucket` (created with
- * `createBucket`); a refusal is thrown worded for the command line.
+ * `createBucket`, fenced with `run --fenced`); a refusal is thrown worded
+ * for the command line. The manager's layout is the bucket's, read from
+ * its stream metadata: one stream-info request before the manager's own.
  */
 export async function open(
   a: Args,
-  opts: { createBucket: boolean; node?: string },
-): Promise<{ nc: NatsConnection; leases: LeaseManager }> {
-  const nc = await dial(a);
+  opts: {
+    createBucket: boolean;
+    node?: string;
+    /** A connection and the layout already read on it, to use. */
+    on?: { nc: NatsConnection; layout: Layout | undefined };
+  },
+): Promise<{ nc: NatsConnection; leases: LeaseManager; fenced: boolean }> {
+  const nc = opts.on?.nc ?? await dial(a);
+  let fenced: boolean;
+  try {
+    // Unreadable (no JetStream, say): the manager's own set-up says why.
+    const layout = opts.on !== undefined
+      ? opts.on.layout
+      : await bucketLayout(nc, a).catch(() => undefined);
+    fenced = layout?.fenced ?? (opts.createBucket && a.fenced);
+    if (fenced || a.fenced) fencedRefusal(nc, a, layout);
+  } catch (err) {
+    await nc.close().catch(() => {});
+    throw err;
+  }
   try {
     const leases = await createLeaseManager({
       nc,
@@ -61,10 +90,11 @@ export async function open(
       bucket: a.bucket,
       createBucket: opts.createBucket,
       allowUnverifiedReplicas: a.allowUnverifiedReplicas,
+      ...(fenced ? { fenced: true } : {}),
       ...(a.domain === undefined ? {} : { domain: a.domain }),
       ...(a.ttl === undefined ? {} : { ttl: a.ttl }),
     });
-    return { nc, leases };
+    return { nc, leases, fenced };
   } catch (err) {
     const why = await openFailure(nc, a, opts.createBucket, err);
     await nc.close().catch(() => {});
@@ -73,15 +103,61 @@ export async function open(
 }
 
 /**
- * The bucket's TTL in ms, or `undefined` when it does not exist. Read on
- * the failure paths only, to word their messages for the command line.
+ * What `run --fenced`, or any subcommand on a fenced bucket, cannot do,
+ * thrown before the manager sends anything: `--fenced` on a classic
+ * bucket, a server before 2.11.2, a key too long for a tenure entry's
+ * subject (`_lease.k.KEY`).
+ */
+function fencedRefusal(
+  nc: NatsConnection,
+  a: Args,
+  layout: Layout | undefined,
+): void {
+  if (layout !== undefined && !layout.fenced) {
+    throw new UsageError(
+      `--fenced: bucket '${a.bucket}' exists and is a classic lease bucket, whose server would not refuse a stale write: omit --fenced to use it as it is, or pass another --bucket for a fenced one`,
+    );
+  }
+  const version = nc.info?.version ?? "";
+  if (!markersVersion(version)) {
+    throw new UnavailableError(
+      a.key,
+      `${
+        layout === undefined
+          ? `--fenced: cannot create bucket '${a.bucket}'`
+          : `bucket '${a.bucket}' is fenced, but cannot be used`
+      } as the server runs nats-server ${
+        version || "of an unknown version"
+      }: a fenced bucket needs 2.11.2 or later (a check on another subject, and a per-message TTL that expires into a marker)`,
+    );
+  }
+  const room = maxKeyLength(
+    a.bucket,
+    a.domain === undefined ? "$JS.API" : `$JS.${a.domain}.API`,
+  ) - TENURE_PREFIX.length -
+    (a.limit === undefined ? 0 : SEMAPHORE_SUFFIX);
+  if (a.sub === "run" && a.key.length > room) {
+    throw new UsageError(
+      `KEY ${
+        JSON.stringify(a.key.slice(0, 24))
+      }... is ${a.key.length} characters long: at most ${room} on fenced bucket '${a.bucket}', whose tenure entries add '${TENURE_PREFIX}' to it, or a subject would overflow nats-server's control line`,
+      EXIT.BAD_KEY,
+    );
+  }
+}
+
+/**
+ * The bucket's TTL in ms (a fenced bucket's from its metadata), or
+ * `undefined` when it does not exist. Read on the failure paths only, to
+ * word their messages for the command line.
  */
 async function bucketTtl(
   nc: NatsConnection,
   a: Args,
 ): Promise<number | undefined> {
   try {
-    return (await (await kvm(nc, a).open(a.bucket)).status()).ttl;
+    const status = await (await kvm(nc, a).open(a.bucket)).status();
+    return fencedTtl(status.streamInfo.config.metadata) ?? status.ttl;
   } catch (err) {
     if (isStreamNotFound(err)) return undefined;
     throw err;

@@ -8,6 +8,13 @@
  * and a server's expiry marker (`Nats-Marker-Reason`) from a purge; so this
  * reads the stream's messages with their headers, as lease.ts does.
  *
+ * On a fenced bucket (design/fenced.md, "Layout") a lease is its tenure
+ * entry, `_lease.k.<key>`, which no renewal touches: the holder's session
+ * entry, `_lease.s.<id>` (named by the tenure entry's tag), is what is
+ * renewed and what expires. So both are read, in the same pass, and a
+ * tenure whose session is over is `orphaned`. Data keys (any other key of
+ * the bucket) and session entries are never listed as leases.
+ *
  * @module
  */
 
@@ -27,6 +34,7 @@ import {
 } from "@nats-io/jetstream";
 import { rawEntry } from "../lease/_nats.ts";
 import { toSeen } from "../lease/entry.ts";
+import { fencedTtl, SESSION_PREFIX, TENURE_PREFIX } from "./fenced.ts";
 
 /**
  * What a key's last entry says:
@@ -35,9 +43,17 @@ import { toSeen } from "../lease/entry.ts";
  * - `expired`: a holder's entry a TTL or more old that the server still
  *   shows (expiry is late), or the server's `MaxAge` expiry marker;
  * - `removed`: any other delete or purge (`lease release`, `kv.delete`,
- *   `kv.purge`), or a server marker of another reason.
+ *   `kv.purge`), or a server marker of another reason;
+ * - `orphaned` (fenced buckets only): a tenure entry whose holder's
+ *   session is over (its entry expired, deleted or never there, or past
+ *   its TTL): the next node to ask takes the key at once.
  */
-export type KeyState = "held" | "released" | "expired" | "removed";
+export type KeyState =
+  | "held"
+  | "released"
+  | "expired"
+  | "removed"
+  | "orphaned";
 
 /** One key of the bucket, as `lease ls` prints it. */
 export interface KeyRow {
@@ -58,6 +74,20 @@ export interface KeyRow {
    * once past it); null for a marker or a bucket without a TTL.
    */
   readonly expiresInMs: number | null;
+  /**
+   * Fenced buckets only: the id of the session the tenure entry names
+   * (null when it names none).
+   */
+  readonly session?: string | null;
+}
+
+/** A message of the bucket's stream, as a row is made from it. */
+export interface StoredMsg {
+  readonly seq: number;
+  readonly headers: MsgHdrs | undefined;
+  readonly data: Uint8Array;
+  /** The server's timestamp, ms since the epoch. */
+  readonly time: number;
 }
 
 /** The bucket's stream name. */
@@ -77,12 +107,7 @@ function streamOf(bucket: string): string {
  */
 export function rowOf(
   key: string,
-  m: {
-    readonly seq: number;
-    readonly headers: MsgHdrs | undefined;
-    readonly data: Uint8Array;
-    readonly time: number;
-  },
+  m: StoredMsg,
   now: number,
   ttl: number,
 ): KeyRow {
@@ -109,12 +134,83 @@ export function rowOf(
   };
 }
 
+/**
+ * The session id a fenced tenure entry names: the instance of its tag
+ * (`lease:<session>:<epoch>:<counter>`, lease/entry.ts).
+ */
+export function sessionOf(m: StoredMsg): string | undefined {
+  return toSeen(rawEntry(m.seq, m.headers, m.data)).instance;
+}
+
+/**
+ * Reads a fenced bucket's tenure entry into a row, with the last message of
+ * the session it names (`undefined`: none). Held while that session's last
+ * entry is a put younger than its TTL (the lease TTL in whole seconds, as
+ * its `Nats-TTL` says); `renewedAgoMs` and `expiresInMs` are then the
+ * session's, since the session's renewals keep the key. Anything else of
+ * the session (expired, deleted, never there) makes the tenure `orphaned`.
+ *
+ * @param key The lease key (without `_lease.k.`).
+ * @param tenure The tenure entry's last message.
+ * @param session The last message of the session it names, if any.
+ * @param now The server's time now, in ms since the epoch.
+ * @param ttl The bucket's lease TTL in ms.
+ * @returns The row.
+ *
+ * @example
+ * ```ts ignore
+ * const row = fencedRowOf("orders", tenureMsg, sessionMsg, Date.now(), 2000);
+ * if (row.state === "orphaned") console.log(`${row.key}: free to take`);
+ * ```
+ */
+export function fencedRowOf(
+  key: string,
+  tenure: StoredMsg,
+  session: StoredMsg | undefined,
+  now: number,
+  ttl: number,
+): KeyRow {
+  const seen = toSeen(rawEntry(tenure.seq, tenure.headers, tenure.data));
+  const age = Math.round(Math.max(0, now - tenure.time));
+  const base = { key, revision: tenure.seq, session: seen.instance ?? null };
+  if (seen.kind !== "put") {
+    return {
+      ...base,
+      state: seen.kind,
+      holder: null,
+      epoch: null,
+      renewedAgoMs: age,
+      expiresInMs: null,
+    };
+  }
+  const held = { ...base, holder: seen.node, epoch: seen.epoch };
+  const s = session === undefined
+    ? undefined
+    : toSeen(rawEntry(session.seq, session.headers, session.data));
+  if (s?.kind !== "put") {
+    return { ...held, state: "orphaned", renewedAgoMs: age, expiresInMs: null };
+  }
+  const sessionAge = Math.max(0, now - session!.time);
+  const left = Math.round(Math.ceil(ttl / 1000) * 1000 - sessionAge);
+  return {
+    ...held,
+    state: left > 0 ? "held" : "orphaned",
+    renewedAgoMs: Math.round(sessionAge),
+    expiresInMs: left,
+  };
+}
+
 /** The bucket's TTL, and the server's clock as far as it tells it. */
 export interface BucketView {
   /** The stream of the bucket. */
   readonly stream: string;
-  /** The bucket's TTL (its max age) in ms; 0 when it has none. */
+  /**
+   * The bucket's TTL in ms: its max age, or a fenced bucket's lease TTL
+   * from its metadata; 0 when it has none.
+   */
   readonly ttl: number;
+  /** Whether the bucket is fenced (its stream metadata says so). */
+  readonly fenced: boolean;
   /**
    * The server's time now, in ms since the epoch: the time its stream info
    * reported (servers 2.10 and later) moved on by the monotonic clock, else
@@ -142,14 +238,16 @@ export async function viewBucket(
   const ts = Date.parse((si as { ts?: string }).ts ?? "");
   // The server stamped its answer somewhere in the round trip: its middle.
   const offset = Number.isFinite(ts) ? ts - (t0 + t1) / 2 : undefined;
+  const fenced = fencedTtl(si.config.metadata);
   return {
     stream,
-    ttl: Math.round(si.config.max_age / 1_000_000),
+    ttl: fenced ?? Math.round(si.config.max_age / 1_000_000),
+    fenced: fenced !== undefined,
     now: () => offset === undefined ? Date.now() : offset + performance.now(),
   };
 }
 
-function msgOf(m: JsMsg) {
+function msgOf(m: JsMsg): StoredMsg {
   return {
     seq: m.seq,
     headers: m.headers,
@@ -158,9 +256,38 @@ function msgOf(m: JsMsg) {
   };
 }
 
-/** The stream subject filter for `prefix` (every key when undefined). */
-function filterOf(bucket: string, prefix: string | undefined): string {
-  return prefix === undefined ? `$KV.${bucket}.>` : `$KV.${bucket}.${prefix}.>`;
+/**
+ * Which keys a listing or watch covers: those below `prefix` (every key
+ * when undefined), or with `exact` the one key `prefix` names.
+ */
+interface Scope {
+  readonly prefix: string | undefined;
+  readonly exact?: boolean;
+}
+
+/**
+ * Where a bucket's leases are, as stream subjects: the filter of their
+ * entries, the prefix to strip from a subject to get the key, and on a
+ * fenced bucket the filter of the sessions too.
+ */
+function leaseSubjects(
+  bucket: string,
+  view: BucketView,
+  scope: Scope,
+): { filter: string; skip: number; sessions?: string } {
+  const base = `$KV.${bucket}.${view.fenced ? TENURE_PREFIX : ""}`;
+  const filter = scope.exact
+    ? `${base}${scope.prefix}`
+    : scope.prefix === undefined
+    ? `${base}>`
+    : `${base}${scope.prefix}.>`;
+  return view.fenced
+    ? {
+      filter,
+      skip: base.length,
+      sessions: `$KV.${bucket}.${SESSION_PREFIX}>`,
+    }
+    : { filter, skip: base.length };
 }
 
 /** How long a listing may go without a message before it gives up. */
@@ -171,13 +298,17 @@ const STALL_MS = 5_000;
  * key when undefined), sorted: one ephemeral consumer that delivers the
  * last message of each subject, read until it reports nothing pending, then
  * deleted; then the stream's subject list, against which a key written
- * while we read and so missed is read by itself.
+ * while we read and so missed is read by itself. On a fenced bucket the
+ * keys are the leases' tenure entries, read with their sessions' entries in
+ * the same pass (see the module's description).
  *
  * @param nc The connection.
  * @param bucket The bucket.
  * @param prefix A valid key, or undefined for the whole bucket.
  * @param domain The JetStream domain of the bucket, or undefined for the
  *   connected server's own.
+ * @param exact List only the key `prefix` names (`lease holder` on a
+ *   fenced bucket).
  * @returns The rows, sorted by key.
  * @throws {JetStreamApiError} The bucket does not exist (`JetStreamApiCodes.StreamNotFound`), or another refusal.
  * @throws {Error} The server went quiet for 5 s in the middle of the listing.
@@ -187,19 +318,109 @@ export async function listKeys(
   bucket: string,
   prefix: string | undefined,
   domain?: string,
+  exact = false,
 ): Promise<KeyRow[]> {
   const at = domain === undefined ? {} : { domain };
   const jsm = await jetstreamManager(nc, at);
   const view = await viewBucket(jsm, bucket);
+  const where = leaseSubjects(bucket, view, { prefix, exact });
+  const last = await lastPerSubject(nc, jsm, view, where, at, bucket);
+  // A key written while we read can be missed: the write removes the last
+  // message the consumer was to deliver (history 1), and the server may
+  // report nothing pending before it delivers the new one (seen on 2.9.10
+  // with a holder renewing during the listing). The stream's subject list
+  // names every key in one request; a key missing from what we read is read
+  // by itself, which is rare.
+  const si = await jsm.streams.info(view.stream, {
+    subjects_filter: where.filter,
+  });
+  const read = (subject: string) =>
+    readLast(jsm, view.stream, subject).then((m) => {
+      if (m !== undefined) last.set(subject, m);
+    });
+  for (const subject of Object.keys(si.state.subjects ?? {})) {
+    if (!last.has(subject)) await read(subject);
+  }
+  const now = view.now();
+  const rows: KeyRow[] = [];
+  for (const [subject, m] of last) {
+    if (where.sessions !== undefined && !subject.startsWith(prefixOf(where))) {
+      continue; // a session's entry: not a lease
+    }
+    const key = subject.slice(where.skip);
+    if (!view.fenced) {
+      rows.push(rowOf(key, m, now, view.ttl));
+      continue;
+    }
+    // A session the pass did not deliver (written while we read): read it.
+    const id = sessionOf(m);
+    const sessionSubject = `$KV.${bucket}.${SESSION_PREFIX}${id}`;
+    if (id !== undefined && !last.has(sessionSubject)) {
+      await read(sessionSubject);
+    }
+    rows.push(
+      fencedRowOf(
+        key,
+        m,
+        id === undefined ? undefined : last.get(sessionSubject),
+        now,
+        view.ttl,
+      ),
+    );
+  }
+  return rows.sort((a, b) => a.key < b.key ? -1 : a.key > b.key ? 1 : 0);
+}
+
+/** The subject prefix of the keys a listing or watch covers. */
+function prefixOf(where: { filter: string; skip: number }): string {
+  return where.filter.slice(0, where.skip);
+}
+
+/** A subject's last message read by itself; undefined when it has none. */
+async function readLast(
+  jsm: JetStreamManager,
+  stream: string,
+  subject: string,
+): Promise<StoredMsg | undefined> {
+  try {
+    const sm = await jsm.streams.getMessage(stream, { last_by_subj: subject });
+    if (sm === null) return undefined;
+    return {
+      seq: sm.seq,
+      headers: sm.header,
+      data: sm.data,
+      time: sm.time.getTime(),
+    };
+  } catch {
+    // Gone since (expired or purged): not listed, as if read a moment later.
+    return undefined;
+  }
+}
+
+/**
+ * The last message of every subject `where` covers (and of every session,
+ * on a fenced bucket), by subject, from one ephemeral consumer.
+ */
+async function lastPerSubject(
+  nc: NatsConnection,
+  jsm: JetStreamManager,
+  view: BucketView,
+  where: { filter: string; sessions?: string },
+  at: { domain?: string },
+  bucket: string,
+): Promise<Map<string, StoredMsg>> {
   const ci = await jsm.consumers.add(view.stream, {
     ack_policy: AckPolicy.None,
     deliver_policy: DeliverPolicy.LastPerSubject,
-    filter_subject: filterOf(bucket, prefix),
+    // Two filters only on a fenced bucket: its servers (2.11.2+) take
+    // them, and a 2.9 server would not.
+    ...(where.sessions === undefined
+      ? { filter_subject: where.filter }
+      : { filter_subjects: [where.filter, where.sessions] }),
     mem_storage: true,
     inactive_threshold: nanos(30_000),
   });
-  const skip = `$KV.${bucket}.`.length;
-  const last = new Map<string, ReturnType<typeof msgOf>>();
+  const last = new Map<string, StoredMsg>();
   try {
     if (ci.num_pending > 0) {
       const c = await jetstream(nc, at).consumers.get(view.stream, ci.name);
@@ -217,7 +438,7 @@ export async function listKeys(
             msgs.stop();
           }, STALL_MS);
           // A key written while we read comes again: the later one wins.
-          last.set(m.subject.slice(skip), msgOf(m));
+          last.set(m.subject, msgOf(m));
           if (m.info.pending === 0) break;
         }
       } finally {
@@ -233,36 +454,7 @@ export async function listKeys(
   } finally {
     await jsm.consumers.delete(view.stream, ci.name).catch(() => {});
   }
-  // A key written while we read can be missed: the write removes the last
-  // message the consumer was to deliver (history 1), and the server may
-  // report nothing pending before it delivers the new one (seen on 2.9.10
-  // with a holder renewing during the listing). The stream's subject list
-  // names every key in one request; a key missing from what we read is read
-  // by itself, which is rare.
-  const si = await jsm.streams.info(view.stream, {
-    subjects_filter: filterOf(bucket, prefix),
-  });
-  for (const subject of Object.keys(si.state.subjects ?? {})) {
-    const key = subject.slice(skip);
-    if (last.has(key)) continue;
-    try {
-      const sm = await jsm.streams.getMessage(view.stream, {
-        last_by_subj: subject,
-      });
-      if (sm === null) continue;
-      last.set(key, {
-        seq: sm.seq,
-        headers: sm.header,
-        data: sm.data,
-        time: sm.time.getTime(),
-      });
-    } catch {
-      // Gone since (expired or purged): not listed, as if read a moment later.
-    }
-  }
-  const now = view.now();
-  return [...last].sort(([a], [b]) => a < b ? -1 : a > b ? 1 : 0)
-    .map(([key, m]) => rowOf(key, m, now, view.ttl));
+  return last;
 }
 
 /** A bucket-wide (or prefix) watch; see {@linkcode watchKeys}. */
@@ -289,12 +481,20 @@ export interface KeysWatch {
  * one, and the per-key state makes the replay print nothing twice. When
  * the bucket is deleted, the watch ends (see {@linkcode KeysWatch.ended}).
  *
+ * On a fenced bucket it follows the tenure entries and the sessions'
+ * entries: a tenure whose session ends (expires unrenewed, is deleted)
+ * changes to `orphaned`. Nothing is reported before the first pass over
+ * both is read, so that a tenure read before its session's latest renewal
+ * is not reported orphaned for a moment.
+ *
  * @param nc The connection.
  * @param bucket The bucket.
  * @param prefix A valid key, or undefined for the whole bucket.
  * @param domain The JetStream domain of the bucket, or undefined for the
  *   connected server's own.
  * @param onChange Called for each change.
+ * @param exact Watch only the key `prefix` names (`lease watch KEY` on a
+ *   fenced bucket).
  * @returns The watch, to stop.
  * @throws {JetStreamApiError} The bucket does not exist (`JetStreamApiCodes.StreamNotFound`), or another refusal.
  */
@@ -304,13 +504,16 @@ export async function watchKeys(
   prefix: string | undefined,
   domain: string | undefined,
   onChange: (row: KeyRow) => void,
+  exact = false,
 ): Promise<KeysWatch> {
   const at = domain === undefined ? {} : { domain };
   const jsm = await jetstreamManager(nc, at);
   const view = await viewBucket(jsm, bucket);
   const js = jetstream(nc, at);
-  const skip = `$KV.${bucket}.`.length;
-  /** Per key: who it is held by (`node#epoch`, or "" for nobody), the entry, its expiry timer. */
+  const where = leaseSubjects(bucket, view, { prefix, exact });
+  const keyBase = prefixOf(where);
+  const sessionBase = `$KV.${bucket}.${SESSION_PREFIX}`;
+  /** Per key: who it is held by (see `whoOf`), the entry, its expiry timer. */
   const keys = new Map<
     string,
     {
@@ -319,6 +522,11 @@ export async function watchKeys(
       timer?: ReturnType<typeof setTimeout> | undefined;
     }
   >();
+  /** Fenced: each tenure's last message, and each session's. */
+  const tenures = new Map<string, StoredMsg>();
+  const sessions = new Map<string, StoredMsg>();
+  /** Fenced: until the first pass is read, rows wait (see above). */
+  let caughtUp = !view.fenced;
   let stopped = false;
   let consumer: Consumer | undefined;
   let messages: ConsumerMessages | undefined;
@@ -337,13 +545,29 @@ export async function watchKeys(
           : undefined,
     );
 
+  /** What a change of holder is: held by whom, orphaned from whom, or free. */
+  const whoOf = (row: KeyRow): string =>
+    row.state === "held"
+      ? `${row.holder}#${row.epoch}`
+      : row.state === "orphaned"
+      ? `orphaned ${row.holder}#${row.epoch}`
+      : "";
+  /** A held row once its TTL ran out unrenewed. */
+  const lapsed = (row: KeyRow): KeyRow =>
+    view.fenced ? { ...row, state: "orphaned", expiresInMs: 0 } : {
+      ...row,
+      state: "expired",
+      renewedAgoMs: row.renewedAgoMs + row.expiresInMs!,
+      expiresInMs: 0,
+    };
+
   const show = (row: KeyRow): void => {
     const k = keys.get(row.key) ?? { who: "", seq: 0 };
     if (row.revision < k.seq) return;
     clearTimeout(k.timer);
     k.timer = undefined;
     k.seq = row.revision;
-    const who = row.state === "held" ? `${row.holder}#${row.epoch}` : "";
+    const who = whoOf(row);
     const first = !keys.has(row.key);
     keys.set(row.key, k);
     if (first || who !== k.who) {
@@ -351,20 +575,56 @@ export async function watchKeys(
       onChange(row);
     }
     if (row.state === "held" && row.expiresInMs !== null) {
-      // No event comes for an expiry without a marker: time it ourselves.
+      // No event comes for an expiry without a marker (nor before a
+      // session's marker): time it ourselves.
       const seq = row.revision;
       k.timer = setTimeout(() => {
         if (stopped || k.seq !== seq) return;
         k.timer = undefined;
-        if (k.who === "") return;
-        k.who = "";
-        onChange({
-          ...row,
-          state: "expired",
-          renewedAgoMs: row.renewedAgoMs + row.expiresInMs!,
-          expiresInMs: 0,
-        });
+        const late = lapsed(row);
+        if (k.who === "" || k.who === whoOf(late)) return;
+        k.who = whoOf(late);
+        onChange(late);
       }, row.expiresInMs + 1);
+    }
+  };
+
+  /** Fenced: the row of a tenure key with what is known of its session. */
+  const showTenure = (key: string): void => {
+    const t = tenures.get(key)!;
+    const id = sessionOf(t);
+    show(
+      fencedRowOf(
+        key,
+        t,
+        id === undefined ? undefined : sessions.get(id),
+        view.now(),
+        view.ttl,
+      ),
+    );
+  };
+
+  const onMessage = (m: JsMsg): void => {
+    if (!view.fenced) {
+      show(rowOf(m.subject.slice(where.skip), msgOf(m), view.now(), view.ttl));
+      return;
+    }
+    if (m.subject.startsWith(sessionBase)) {
+      const id = m.subject.slice(sessionBase.length);
+      sessions.set(id, msgOf(m));
+      if (caughtUp) {
+        for (const [key, t] of tenures) {
+          if (sessionOf(t) === id) showTenure(key);
+        }
+      }
+    } else if (m.subject.startsWith(keyBase)) {
+      const key = m.subject.slice(where.skip);
+      tenures.set(key, msgOf(m));
+      if (caughtUp) showTenure(key);
+    }
+    if (!caughtUp && m.info.pending === 0) {
+      caughtUp = true;
+      for (const key of [...tenures.keys()].sort()) showTenure(key);
     }
   };
 
@@ -379,7 +639,9 @@ export async function watchKeys(
     for (let fails = 0; !stopped && !nc.isClosed();) {
       try {
         consumer = await js.consumers.get(view.stream, {
-          filter_subjects: filterOf(bucket, prefix),
+          filter_subjects: where.sessions === undefined
+            ? where.filter
+            : [where.filter, where.sessions],
           deliver_policy: DeliverPolicy.LastPerSubject,
         });
         if (stopped) break;
@@ -407,7 +669,7 @@ export async function watchKeys(
         })().catch(() => {});
         for await (const m of msgs) {
           fails = 0;
-          show(rowOf(m.subject.slice(skip), msgOf(m), view.now(), view.ttl));
+          onMessage(m);
         }
       } catch {
         fails++;

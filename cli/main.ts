@@ -11,6 +11,7 @@ import { LimitMismatchError } from "../semaphore.ts";
 import { type Args, isSub, parse, usage, UsageError } from "./args.ts";
 import { NoServerError } from "./connect.ts";
 import { EXIT, say } from "./exit.ts";
+import { fencedWrite } from "./fenced.ts";
 import { release } from "./release.ts";
 import { run } from "./run.ts";
 import { holder, ls, shardsView, watch, watchMany } from "./views.ts";
@@ -57,6 +58,9 @@ export async function main(argv: string[]): Promise<number> {
         return await ls(a);
       case "shards":
         return await shardsView(a);
+      case "put":
+      case "delete":
+        return await fencedWrite(a);
       default:
         return await release(a);
     }

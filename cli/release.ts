@@ -9,15 +9,26 @@ import { UnavailableError } from "../lease.ts";
 import { type Args, RELEASE_BOUND_MS } from "./args.ts";
 import { dial, isStreamNotFound, kvm, noBucket } from "./connect.ts";
 import { EXIT, say } from "./exit.ts";
+import { bucketLayout, TENURE_PREFIX } from "./fenced.ts";
 
 /**
  * Deletes KEY's entry only while `--node` holds it, by compare-and-delete on
  * the entry's revision; resolves 0, or {@linkcode EXIT}'s `NOT_HOLDER` or
  * `UNAVAILABLE`.
+ *
+ * On a fenced bucket the entry is KEY's tenure entry (`_lease.k.KEY`),
+ * which the holder never renews: the delete frees KEY for a successor at
+ * once (no grace: the server refuses the evicted holder's fenced writes
+ * from then on, F1), and the holder's `lease run` sees it within TTL/3.
  */
 export async function release(a: Args): Promise<number> {
   const nc = await dial(a);
   try {
+    const layout = await bucketLayout(nc, a).catch((err) => {
+      throw new UnavailableError(a.key, (err as Error).message, { cause: err });
+    });
+    if (layout === undefined) throw noBucket(a);
+    const entry = layout.fenced ? `${TENURE_PREFIX}${a.key}` : a.key;
     const kv = await kvm(nc, a).open(a.bucket).catch((err) => {
       throw new UnavailableError(a.key, (err as Error).message, { cause: err });
     });
@@ -30,7 +41,7 @@ export async function release(a: Args): Promise<number> {
     // successor's entry.
     const until = Date.now() + RELEASE_BOUND_MS;
     for (let attempt = 1;; attempt++) {
-      const e = await kv.get(a.key);
+      const e = await kv.get(entry);
       const node = e?.operation === "PUT" ? e.string() : undefined;
       if (node !== a.node) {
         say(
@@ -43,7 +54,7 @@ export async function release(a: Args): Promise<number> {
       try {
         // An untagged delete on exactly that entry: a successor treats it
         // as an operator's delete and waits the holder's TTL and the grace.
-        await kv.delete(a.key, { previousSeq: e!.revision });
+        await kv.delete(entry, { previousSeq: e!.revision });
       } catch (err) {
         const raced = err instanceof JetStreamApiError &&
           (err.code === JetStreamApiCodes.StreamWrongLastSequence ||

@@ -220,7 +220,7 @@ async function startWatchdog(
  * {@linkcode EXIT}.
  */
 export async function run(a: Args): Promise<number> {
-  const { nc, leases } = await open(a, { createBucket: true });
+  const { nc, leases, fenced } = await open(a, { createBucket: true });
   const killAfter = a.killAfter ?? Math.floor(leases.ttl / 4);
   if (killAfter >= leases.ttl) {
     await leases.close();
@@ -330,6 +330,11 @@ export async function run(a: Args): Promise<number> {
           LEASE_NODE: a.node,
           LEASE_EPOCH: String(lease.epoch),
           LEASE_TENURE: lease.tenure,
+          // Where the tenure is: what `lease put` and `lease delete` in
+          // the command need to write under it (cli/fenced.ts).
+          LEASE_BUCKET: a.bucket,
+          LEASE_SERVERS: a.servers.join(","),
+          ...(a.domain === undefined ? {} : { LEASE_DOMAIN: a.domain }),
           ...(lease.slot === undefined
             ? {}
             : { LEASE_SLOT: String(lease.slot) }),
@@ -468,6 +473,22 @@ export async function run(a: Args): Promise<number> {
           stop();
         });
       }
+      // On a fenced bucket nothing renews the key's own entry (the
+      // session's renewals keep it), so an eviction or a takeover would go
+      // unseen while the command runs: the server would refuse its fenced
+      // writes, but not stop it. Each TTL/3 the manager reads the tenure
+      // entry from the stream leader (`held()`, F4's commit-point check),
+      // and ends the lease when it is no longer ours; onLost then stops
+      // the command, as a failed renewal does on a classic bucket. Asked
+      // only while the lease lasts: on a key no longer held, held() would
+      // take it again.
+      const check = fenced
+        ? setInterval(() => {
+          if (!lease.signal.aborted && stopped === undefined) {
+            void leases.held(lease.key).catch(() => {});
+          }
+        }, leases.ttl / 3)
+        : undefined;
       const onLost = () => {
         if (pid === undefined || stopped !== undefined) return;
         // A signal passed on lets the command end by itself, unless it is
@@ -491,6 +512,7 @@ export async function run(a: Args): Promise<number> {
       };
       lease.signal.addEventListener("abort", onLost, { once: true });
       let code = await exited;
+      clearInterval(check);
       // Ended by a signal we did not send: the watchdog may have stopped it
       // at the lease's deadline a moment before our own timer saw it pass
       // (timers may fire a millisecond early). It says so on its stdout

@@ -1,17 +1,22 @@
 /**
  * The read-only subcommands of `lease`: `holder`, `watch` (one key, or
  * `--prefix`/`--all`), `ls` and `shards`. They print what they read; none
- * writes to the bucket.
+ * writes to the bucket. On a fenced bucket `holder` and `watch` read the
+ * tenure and session entries themselves (cli/ls.ts) rather than through a
+ * lease manager, which would open a session there: a write. (`shards`
+ * still does, through the manager.)
  *
  * @module
  */
 
 import process from "node:process";
+import type { NatsConnection } from "@nats-io/nats-core";
 import { type KeyRow, type KeysWatch, listKeys, watchKeys } from "./ls.ts";
 import { UnavailableError } from "../lease.ts";
 import { assignShards, memberKey, shardKey } from "../shards.ts";
 import type { Args } from "./args.ts";
 import { bucketFailure, dial, open } from "./connect.ts";
+import { bucketLayout, type Layout } from "./fenced.ts";
 
 function holderLine(
   a: Args,
@@ -21,11 +26,63 @@ function holderLine(
   return h === null ? `${a.key}: none` : `${a.key}: ${h.node} epoch ${h.epoch}`;
 }
 
+/**
+ * A fenced bucket's line for KEY: its holder, or none; a tenure whose
+ * session is over is "orphaned", with the node and epoch it was (JSON: an
+ * `orphaned` field added to the classic shape).
+ */
+function tenureLine(a: Args, row: KeyRow | undefined): string {
+  if (row?.state !== "orphaned") {
+    return holderLine(
+      a,
+      row?.state === "held" ? { node: row.holder!, epoch: row.epoch! } : null,
+    );
+  }
+  const was = { node: row.holder!, epoch: row.epoch! };
+  return a.json
+    ? JSON.stringify({ key: a.key, holder: null, orphaned: was })
+    : `${a.key}: none (orphaned: ${was.node} epoch ${was.epoch}, its session is over)`;
+}
+
+/**
+ * A connection, and the bucket's layout read on it (one stream-info
+ * request; undefined when it cannot be read, and the manager's set-up
+ * then says why).
+ */
+async function connectLayout(
+  a: Args,
+): Promise<{ nc: NatsConnection; layout: Layout | undefined }> {
+  const nc = await dial(a);
+  return { nc, layout: await bucketLayout(nc, a).catch(() => undefined) };
+}
+
+/** The one tenure row of KEY on a fenced bucket (undefined: no entry). */
+async function tenureRow(
+  nc: NatsConnection,
+  a: Args,
+): Promise<KeyRow | undefined> {
+  try {
+    return (await listKeys(nc, a.bucket, a.key, a.domain, true))[0];
+  } catch (err) {
+    throw bucketFailure(a, err);
+  }
+}
+
 /** `lease holder KEY`: one line, the holder and its epoch or none. */
 export async function holder(a: Args): Promise<number> {
+  const on = await connectLayout(a);
+  if (on.layout?.fenced) {
+    try {
+      await print(tenureLine(a, await tenureRow(on.nc, a)) + "\n");
+      return 0;
+    } finally {
+      await on.nc.close();
+    }
+  }
   const { nc, leases } = await open(a, {
     createBucket: false,
     node: `lease-cli-${process.pid}`,
+    on,
   });
   try {
     process.stdout.write(holderLine(a, await leases.holder(a.key)) + "\n");
@@ -38,9 +95,22 @@ export async function holder(a: Args): Promise<number> {
 
 /** `lease watch KEY`: the holder, then a line per change, until a signal. */
 export async function watch(a: Args): Promise<number> {
+  const on = await connectLayout(a);
+  if (on.layout?.fenced) {
+    // The holder first, as on a classic bucket (even with no entry), then
+    // a line per change; the watch's first row repeats it, unprinted.
+    let last = tenureLine(a, await tenureRow(on.nc, a));
+    process.stdout.write(last + "\n");
+    return await follow(a, on.nc, true, (row) => {
+      const line = tenureLine(a, row);
+      if (line !== last) process.stdout.write(line + "\n");
+      last = line;
+    });
+  }
   const { nc, leases } = await open(a, {
     createBucket: false,
     node: `lease-cli-${process.pid}`,
+    on,
   });
   const stop = new AbortController();
   const onSig = () => stop.abort();
@@ -101,6 +171,8 @@ export async function ls(a: Args): Promise<number> {
             renewedAgoMs: r.renewedAgoMs,
             expiresInMs: r.expiresInMs,
             state: r.state,
+            // Fenced buckets: the session the tenure entry names.
+            ...(r.session === undefined ? {} : { session: r.session }),
           }) + "\n"
         ).join(""),
       );
@@ -135,7 +207,38 @@ export async function ls(a: Args): Promise<number> {
 
 /** `lease watch --prefix P` / `--all`: a line per key, then per change. */
 export async function watchMany(a: Args): Promise<number> {
-  const nc = await dial(a);
+  return await follow(a, await dial(a), false, (r) => {
+    const holder = r.state === "held"
+      ? { node: r.holder!, epoch: r.epoch! }
+      : null;
+    process.stdout.write(
+      (a.json
+        ? JSON.stringify({
+          key: r.key,
+          holder,
+          state: r.state,
+          revision: r.revision,
+        })
+        : r.state === "orphaned"
+        ? `${r.key}: none (orphaned: ${r.holder} epoch ${r.epoch}, its session is over)`
+        : holder === null
+        ? `${r.key}: none (${r.state})`
+        : `${r.key}: ${holder.node} epoch ${holder.epoch}`) + "\n",
+    );
+  });
+}
+
+/**
+ * Follows `--prefix`, `--all` or (`exact`) KEY with {@linkcode watchKeys}
+ * on `nc`, calling `show` per change, until a signal or the bucket's
+ * deletion; closes `nc`.
+ */
+async function follow(
+  a: Args,
+  nc: NatsConnection,
+  exact: boolean,
+  show: (row: KeyRow) => void,
+): Promise<number> {
   const stop = new AbortController();
   const onSig = () => stop.abort();
   process.on("SIGINT", onSig);
@@ -143,23 +246,14 @@ export async function watchMany(a: Args): Promise<number> {
   try {
     let w: KeysWatch;
     try {
-      w = await watchKeys(nc, a.bucket, a.prefix, a.domain, (r) => {
-        const holder = r.state === "held"
-          ? { node: r.holder!, epoch: r.epoch! }
-          : null;
-        process.stdout.write(
-          (a.json
-            ? JSON.stringify({
-              key: r.key,
-              holder,
-              state: r.state,
-              revision: r.revision,
-            })
-            : holder === null
-            ? `${r.key}: none (${r.state})`
-            : `${r.key}: ${holder.node} epoch ${holder.epoch}`) + "\n",
-        );
-      });
+      w = await watchKeys(
+        nc,
+        a.bucket,
+        exact ? a.key : a.prefix,
+        a.domain,
+        show,
+        exact,
+      );
     } catch (err) {
       throw bucketFailure(a, err);
     }
