@@ -217,9 +217,34 @@ export class KeyWatch {
   timer: unknown;
   /** A fallback read is running. */
   reading = false;
+  /**
+   * On a fenced bucket, the watch of the session that the holder's tenure
+   * entry names, while anyone waits for the key: its end wakes them.
+   */
+  session: SessionWatch | undefined;
 
   constructor(key: string, subject: string) {
     this.key = key;
     this.subject = subject;
+  }
+}
+
+/**
+ * A watch of another manager's session entry (the fenced layout), shared by
+ * the keys whose waiters wait on that session: an expiry marker or a delete
+ * wakes them at once, so they need not read the entry on every check.
+ */
+export class SessionWatch {
+  readonly id: string;
+  /** The keys whose waiters it wakes. */
+  readonly keys: Set<KeyWatch> = new Set();
+  handle: { stop(): Promise<void> } | undefined;
+  /** The watch's last news showed the session's entry live. */
+  live = false;
+  /** When a check last read the entry itself (the port's clock). */
+  readAt = 0;
+
+  constructor(id: string) {
+    this.id = id;
   }
 }

@@ -896,6 +896,22 @@ export const MUTANTS: readonly Mutant[] = [
     what:
       "a fenced key is taken from a holder whose session lives: two live tenures, the first one's writes refused",
   },
+  {
+    id: "MF5",
+    file: "lease/manager.ts",
+    find: `    if (seen?.kind === "put") {
+      sw.live = true;
+      return;
+    }`,
+    replace: `    if (true) {
+      sw.live = true;
+      return;
+    }`,
+    test: "sim_test.ts",
+    name: "a manager on a fenced bucket",
+    what:
+      "a session watch takes the session's expiry for a renewal: waiters learn of it only from the entry's read each TTL/3, hundreds of ms late",
+  },
   // --- lease.ts: createLeaseManager's fenced buckets -------------------
   {
     id: "FA1",
