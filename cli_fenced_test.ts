@@ -7,7 +7,6 @@
 // nats-server 2.11.2 or later: on an older one only the refusals run.
 // Runs under `deno test -A`, `bun test` and `node --test`; NATS_SERVER_BIN
 // picks the server binary.
-// test.sh: fenced servers too
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn } from "node:child_process";
