@@ -9,7 +9,7 @@
 // Two shortcuts keep it cheap, and the README's cold-cache time is measured
 // by hand (docs/testing.md says how): the npm installs use this machine's
 // npm cache, and the clone gets this tree's built nats-servers
-// (.tools/bin/nats-server, and nats-server-2.10.22 for the full set-up)
+// (.tools/bin/nats-server, and nats-server-2.10.22, 2.11.2 and 2.12.0 for the full set-up)
 // instead of building them with Go. `go`, `apt-get` and `sudo` are stubs on
 // PATH that log their call and fail, so any step that would build or
 // apt-install something shows.
@@ -191,12 +191,17 @@ describe("scripts/setup.sh's profiles in a fresh clone", () => {
       timeout: 180_000,
     },
     async () => {
-      const rollback = path.join(root, ".tools", "bin", "nats-server-2.10.22");
-      if (fs.existsSync(rollback)) {
-        fs.copyFileSync(
-          rollback,
-          path.join(clone, ".tools", "bin", "nats-server-2.10.22"),
-        );
+      // The older releases the full set-up builds (the rollback target,
+      // the first with fenced buckets and with atomic batches), copied in
+      // as the clone's first set-up built nats-server itself.
+      for (const v of ["2.10.22", "2.11.2", "2.12.0"]) {
+        const built = path.join(root, ".tools", "bin", `nats-server-${v}`);
+        if (fs.existsSync(built)) {
+          fs.copyFileSync(
+            built,
+            path.join(clone, ".tools", "bin", `nats-server-${v}`),
+          );
+        }
       }
       const r = await run("bash", ["scripts/setup.sh"], 170_000);
       assert.equal(r.code, 0, `${r.stdout}\n${r.stderr}\n${stubCalls()}`);
