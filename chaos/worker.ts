@@ -218,13 +218,19 @@ async function skipGrace(
     if (h?.node !== node) return;
     stats.unguarded++;
     // A stand-in lease that vouches for nothing: this variant writes blind.
-    const lease = {
+    const blind = () =>
+      Promise.reject(new TypeError("a stand-in lease writes no fenced data"));
+    const lease: Lease = {
       key,
       node,
       epoch: h.epoch,
+      tenure: `blind:${h.epoch}`,
       signal: stopping,
       deadline: Infinity,
       throwIfLost: () => {},
+      put: blind,
+      delete: blind,
+      commit: blind,
     };
     await write(lease, called);
     await sleep(random.between(20, 60));
