@@ -85,6 +85,10 @@ test(
           "etcd",
           "nats-always/cas",
           "nats-always/lease",
+          "nats-fenced-always/cas",
+          "nats-fenced-always/lease",
+          "nats-fenced/cas",
+          "nats-fenced/lease",
           "nats/cas",
           "nats/lease",
           "redis",
@@ -97,6 +101,13 @@ test(
       assert.notEqual(report.runs["nats/cas"]?.[0]?.paused?.refusedBy, null);
       assert.equal(report.runs.redis?.[0]?.paused?.refusedBy, null);
       assert.equal(report.runs["redis-always"]?.[0]?.paused?.refusedBy, null);
+      // On a fenced bucket neither the holder's late put nor the same
+      // message sent past its lease's check is stored: the server refuses.
+      const fencedRow6 = report.runs["nats-fenced/cas"]?.[0]?.paused as
+        | { landed: boolean; sent?: { stored: boolean } }
+        | undefined;
+      assert.equal(fencedRow6?.landed, false);
+      assert.equal(fencedRow6?.sent?.stored, false);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }

@@ -6,6 +6,9 @@
  * - `write <value>`: the guarded write; prints `checked` once the system's
  *   check has passed and the write is about to go out, waits `window` ms
  *   (where the bench pauses it), writes, and prints `wrote <landed>`;
+ * - `send <value>` (fenced buckets): sends the message a fenced put of
+ *   `value` would send, by a bare publish past the lease's own check, and
+ *   prints `sent <stored> <the server's answer>`;
  * - `release`: gives the key up and prints `released`.
  *
  * Usage: `<runtime> bench/_peers_child.ts <system> <endpoints-json> <key> <ttl> <window>`
@@ -50,6 +53,9 @@ for await (const line of createInterface({ input: process.stdin })) {
       continue;
     }
     say(`wrote ${landed}`);
+  } else if (cmd === "send" && held.sendFenced !== undefined) {
+    const { stored, answer } = await held.sendFenced(value ?? "");
+    say(`sent ${stored} ${answer}`);
   } else if (cmd === "release") {
     await held.release();
     say("released");

@@ -9,6 +9,12 @@
  * - ours: `guard(key, write)` (a CAS on the lease key, or none with
  *   `check: "lease"`), then `kv.put` into a data bucket: the epoch is the
  *   token, for a store that checks it;
+ * - ours on a fenced bucket (`fenced: true`, issue 33): `guard(key, write)`
+ *   (with `check: "cas"` a read of the key's tenure entry, or none with
+ *   `"lease"`), then `lease.put("data.<key>")` into the same bucket: a
+ *   publish that the server stores only while the key's tenure entry is
+ *   still at the epoch, the coordinator's own commit-point check as etcd's
+ *   transaction is;
  * - etcd: one transaction that compares the lock key's create revision and
  *   puts the value, etcd's own commit-point check: the revision is the token;
  * - Redis: `lock.extend()`, the only confirmation Redlock offers before a
@@ -18,7 +24,8 @@
  */
 
 import { connect } from "@nats-io/transport-node";
-import type { NatsConnection } from "@nats-io/nats-core";
+import { headers, type NatsConnection } from "@nats-io/nats-core";
+import { jetstream } from "@nats-io/jetstream";
 import { type KV, Kvm } from "@nats-io/kv";
 import { Etcd3 } from "etcd3";
 import type { Campaign, Election, Lock as EtcdLock } from "etcd3";
@@ -42,6 +49,8 @@ export interface Endpoints {
 export type SystemName =
   | "nats"
   | "nats-always"
+  | "nats-fenced"
+  | "nats-fenced-always"
   | "etcd"
   | "redis"
   | "redis-always";
@@ -57,6 +66,14 @@ export interface Held {
    * @returns Whether the write landed.
    */
   write(value: string, between?: () => Promise<void>): Promise<boolean>;
+  /**
+   * Fenced buckets only: sends the message a fenced put of `value` sends
+   * (the data subject, the fence's two headers at this tenure's epoch) by a
+   * bare `js.publish`, without the lease's own check before sending, as a
+   * put that left just before a pause would reach the server. Resolves
+   * with whether the server stored it and, if not, its answer.
+   */
+  sendFenced?(value: string): Promise<{ stored: boolean; answer: string }>;
   /** Gives the lock up. */
   release(): Promise<void>;
 }
@@ -76,6 +93,11 @@ export interface Peer {
   ): Promise<{ at: number; token: number | undefined }>;
   /** How a waiting successor learns that the key is free. */
   readonly learns: string;
+  /**
+   * Fenced buckets only: the value of the data key the writes of `key` go
+   * to, as the server has it now (`undefined` when there is none).
+   */
+  stored?(key: string, ttl: number): Promise<string | undefined>;
   close(): Promise<void>;
 }
 
@@ -89,6 +111,9 @@ export async function openPeer(
   if (system === "etcd") return openEtcd(ep.etcd);
   if (system === "redis" || system === "redis-always") {
     return openRedis(ep.redis);
+  }
+  if (system === "nats-fenced" || system === "nats-fenced-always") {
+    return await openFenced(ep.nats, node, check);
   }
   return await openOurs(ep.nats, node, check);
 }
@@ -144,6 +169,95 @@ async function openOurs(
         await data.put(`data.${key}`, `${lease.epoch} ${value}`);
         return { at: performance.now(), token: lease.epoch };
       }, { wait: true, signal: AbortSignal.timeout(10 * ttl) });
+    },
+    async close() {
+      for (const m of byTtl.values()) await m.close();
+      await nc.close();
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Ours on a fenced bucket: the data key is written by the lease's fenced put.
+
+async function openFenced(
+  url: string,
+  node: string,
+  check: GuardCheck,
+): Promise<Peer> {
+  const nc: NatsConnection = await connect({ servers: url });
+  const js = jetstream(nc);
+  const byTtl = new Map<number, LeaseManager>();
+  const bucketOf = (ttl: number): string => `peers_fenced_${ttl}`;
+  const manager = async (ttl: number): Promise<LeaseManager> => {
+    let m = byTtl.get(ttl);
+    if (m === undefined) {
+      m = await createLeaseManager({
+        nc,
+        node,
+        bucket: bucketOf(ttl),
+        ttl,
+        check,
+        fenced: true,
+      });
+      byTtl.set(ttl, m);
+    }
+    return m;
+  };
+  const held = (
+    m: LeaseManager,
+    ttl: number,
+    key: string,
+    token: number,
+  ): Held => ({
+    token,
+    async write(value, between) {
+      await m.guard(key, async (lease) => {
+        await between?.();
+        await lease.put(`data.${key}`, `${lease.epoch} ${value}`);
+      });
+      return true;
+    },
+    async sendFenced(value) {
+      const bucket = bucketOf(ttl);
+      const h = headers();
+      h.set("Nats-Expected-Last-Subject-Sequence", String(token));
+      h.set(
+        "Nats-Expected-Last-Subject-Sequence-Subject",
+        `$KV.${bucket}._lease.k.${key}`,
+      );
+      try {
+        const ack = await js.publish(
+          `$KV.${bucket}.data.${key}`,
+          `${token} ${value}`,
+          { headers: h },
+        );
+        return { stored: true, answer: `stored at ${ack.seq}` };
+      } catch (err) {
+        return { stored: false, answer: String(err).split("\n")[0]! };
+      }
+    },
+    release: () => m.release(key),
+  });
+  return {
+    learns:
+      "watch on the key's tenure entry and on the holder's session entry (its expiry or delete), and a probe of the holder's session subject every 25 ms (no responders: its connection is gone); no grace",
+    async acquire(key, ttl) {
+      const m = await manager(ttl);
+      const epoch = await m.guard(key, (lease) => lease.epoch);
+      return held(m, ttl, key, epoch);
+    },
+    async waitAndWrite(key, ttl, value) {
+      const m = await manager(ttl);
+      return await m.guard(key, async (lease) => {
+        await lease.put(`data.${key}`, `${lease.epoch} ${value}`);
+        return { at: performance.now(), token: lease.epoch };
+      }, { wait: true, signal: AbortSignal.timeout(10 * ttl) });
+    },
+    async stored(key, ttl) {
+      await manager(ttl);
+      const kv = await new Kvm(nc).open(bucketOf(ttl));
+      return (await kv.get(`data.${key}`))?.string();
     },
     async close() {
       for (const m of byTtl.values()) await m.close();

@@ -1,7 +1,6 @@
 /**
- * Measures the fenced layout (issue 33; `fencedManagerOnPort`, which
- * `createLeaseManager` does not offer yet) on a real nats-server, each
- * against a bare operation in the same run:
+ * Measures the fenced layout (issue 33; `createLeaseManager({ fenced: true })`)
+ * on a real nats-server, each against a bare operation in the same run:
  *
  * - a fenced put by a held lease, against a bare `js.publish` to the same
  *   stream (one at a time, `--n` each, interleaved in rounds);
@@ -9,7 +8,23 @@
  * - an atomic commit of 10 fenced puts (2.12+), against 10 bare publishes
  *   sent at once;
  * - taking and releasing a free key (a guard and `release`): on the
- *   fenced layout, and on the classic one in the same run.
+ *   fenced layout, and on the classic one in the same run;
+ * - throughput: 64 writers over 256 held keys, each write a fenced put by
+ *   the key's held lease (and, as a second figure, a lease-checked guard
+ *   whose write is that put), against 64 writers each sending one bare
+ *   `js.publish` at a time to the same stream, over the same 256 subjects.
+ *   A bare `js.publish` costs the client more than the manager's port does
+ *   (nats.js builds two `Error`s, a timer and a parsed ack per request; see
+ *   `ReplyInbox` in `lease/nats_port.ts`), so a third kind of phase sends
+ *   the same bare publishes through one shared reply subscription, as the
+ *   port does, without the fence, and a fourth the same with the fence's two
+ *   headers (the lease's epoch on its tenure entry's subject), past the
+ *   lease's own code: the server's share of the fence's cost (and a fifth
+ *   with two headers of the same sizes that the server does not act on, to
+ *   tell the headers' cost from the check's). Phases
+ *   of each kind alternate (the order turned each round); each ratio is the
+ *   median over rounds of each round's fenced rate over its bare rate
+ *   (issue 33's goal: at least 0.9× a bare `js.publish`).
  *
  * ```sh
  * node bench/fenced.ts                  # --n 2000
@@ -24,14 +39,11 @@
 
 import process from "node:process";
 import { connect } from "@nats-io/transport-node";
-import type { NatsConnection } from "@nats-io/nats-core";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { Kvm } from "@nats-io/kv";
-import { createLeaseManager } from "../mod.ts";
-import type { Manager } from "../lease/manager.ts";
+import { headers, type MsgHdrs, type NatsConnection } from "@nats-io/nats-core";
+import { jetstream } from "@nats-io/jetstream";
+import { createLeaseManager, type Lease } from "../mod.ts";
 import { atomicVersion } from "../lease/servers.ts";
 import { NatsServer } from "../test_util/nats_server.ts";
-import { fencedManager as managerOn } from "../test_util/port.ts";
 
 function parse(argv: string[]): { n: number } {
   if (argv.length === 1 && argv[0] === "--smoke") return { n: 20 };
@@ -60,24 +72,92 @@ function runtime(): string {
   return `node ${process.versions.node}`;
 }
 
-/** A fenced bucket (atomic batches where the server has them) and a manager on it. */
-async function fencedManager(
-  nc: NatsConnection,
-  bucket: string,
-  atomic: boolean,
-): Promise<Manager> {
-  await new Kvm(nc).create(bucket, { history: 1, markerTTL: 1000 });
-  const jsm = await jetstreamManager(nc);
-  let si = await jsm.streams.info(`KV_${bucket}`);
-  if (atomic) {
-    si = await jsm.streams.update(
-      `KV_${bucket}`,
-      { ...si.config, allow_atomic: true } as Parameters<
-        typeof jsm.streams.update
-      >[1],
-    );
-  }
-  return await managerOn(nc, bucket, "bench", 5000, 1250);
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length === 0 ? NaN : s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
+/**
+ * Bare publishes to a stream whose acks come back on one shared wildcard
+ * subscription, matched by a counter (as the manager's port sends its
+ * writes): no fence, no per-request timer or parsed ack. An ack carrying
+ * an error rejects.
+ */
+function inboxPublisher(nc: NatsConnection): {
+  publish(
+    subject: string,
+    data: Uint8Array,
+    fence?: { subject: string; seq: number; inert?: boolean },
+  ): Promise<void>;
+  close(): void;
+} {
+  const prefix = `_INBOX.${crypto.randomUUID().replaceAll("-", "")}.`;
+  const pending = new Map<string, (data: Uint8Array) => void>();
+  const dec = new TextDecoder();
+  const sub = nc.subscribe(`${prefix}*`, {
+    callback: (err, msg) => {
+      if (err !== null) return;
+      const k = msg.subject.slice(prefix.length);
+      const done = pending.get(k);
+      pending.delete(k);
+      done?.(msg.data);
+    },
+  });
+  let n = 0;
+  return {
+    publish(subject, data, fence) {
+      let h: MsgHdrs | undefined;
+      if (fence !== undefined) {
+        h = headers();
+        // Inert: names of the same length that JetStream ignores.
+        const x = fence.inert ? "X-Bnch" : "Nats-E";
+        h.set(`${x}xpected-Last-Subject-Sequence`, String(fence.seq));
+        h.set(`${x}xpected-Last-Subject-Sequence-Subject`, fence.subject);
+      }
+      return new Promise((resolve, reject) => {
+        const k = (++n).toString(36);
+        pending.set(k, (ack) => {
+          if (ack.length === 0 || dec.decode(ack).includes('"error"')) {
+            reject(new Error(`publish to ${subject}: ${dec.decode(ack)}`));
+          } else resolve();
+        });
+        nc.publish(
+          subject,
+          data,
+          h === undefined
+            ? { reply: prefix + k }
+            : { reply: prefix + k, headers: h },
+        );
+      });
+    },
+    close: () => sub.unsubscribe(),
+  };
+}
+
+/** Writers at once, and held keys they write (writer w: keys w + 64·j). */
+const WRITERS = 64;
+const KEYS = 256;
+
+/**
+ * Runs `WRITERS` writers for `ms` milliseconds, writer `w` calling
+ * `write(k)` on keys `w, w + 64, w + 128, w + 192` in turn, one write at a
+ * time; returns writes per second.
+ */
+async function phase(
+  ms: number,
+  write: (k: number) => Promise<unknown>,
+): Promise<number> {
+  let done = 0;
+  const t0 = performance.now();
+  const end = t0 + ms;
+  await Promise.all(Array.from({ length: WRITERS }, async (_, w) => {
+    for (let i = 0; performance.now() < end; i++) {
+      await write(w + WRITERS * (i % (KEYS / WRITERS)));
+      done++;
+    }
+  }));
+  return done / ((performance.now() - t0) / 1000);
 }
 
 async function main(): Promise<void> {
@@ -86,7 +166,14 @@ async function main(): Promise<void> {
   const nc = await connect({ servers: ns.url });
   try {
     const atomic = atomicVersion(ns.version);
-    const m = await fencedManager(nc, "bench_fenced", atomic);
+    // The bucket it creates has atomic batches where the server has them.
+    const m = await createLeaseManager({
+      nc,
+      node: "bench",
+      bucket: "bench_fenced",
+      ttl: 5000,
+      fenced: true,
+    });
     const classic = await createLeaseManager({
       nc,
       node: "bench",
@@ -180,6 +267,95 @@ async function main(): Promise<void> {
         await classic.release(key);
       });
     }
+    // Throughput: 256 keys held by one guard each, whose leases the writers
+    // use; the bare writers publish to the same stream's data subjects.
+    const tpRounds = n >= 2000 ? 5 : n >= 200 ? 3 : 1;
+    const tpMs = n >= 2000 ? 2000 : n >= 200 ? 1000 : 200;
+    const leases: Lease[] = [];
+    const releases: (() => void)[] = [];
+    const holding = Array.from(
+      { length: KEYS },
+      (_, k) =>
+        m.guard(`tp${k}`, (l) => {
+          leases[k] = l;
+          return new Promise<void>((r) => releases.push(r));
+        }),
+    );
+    const failed = Promise.all(holding).then(() => {
+      throw new Error("the throughput guards ended before their writes");
+    });
+    while (releases.length < KEYS) {
+      await Promise.race([failed, new Promise((r) => setTimeout(r, 1))]);
+    }
+    failed.catch(() => {});
+    const tp = {
+      bare: [] as number[],
+      inbox: [] as number[],
+      inboxFenced: [] as number[],
+      inboxHeaders: [] as number[],
+      put: [] as number[],
+      guarded: [] as number[],
+    };
+    const inbox = inboxPublisher(nc);
+    const kinds: [keyof typeof tp, (k: number) => Promise<unknown>][] = [
+      ["bare", (k) => js.publish(`$KV.bench_fenced.d.tb${k}`, body)],
+      ["inbox", (k) => inbox.publish(`$KV.bench_fenced.d.tb${k}`, body)],
+      ["inboxFenced", (k) =>
+        inbox.publish(`$KV.bench_fenced.d.tp${k}`, body, {
+          subject: `$KV.bench_fenced._lease.k.tp${k}`,
+          seq: leases[k]!.epoch,
+        })],
+      ["inboxHeaders", (k) =>
+        inbox.publish(`$KV.bench_fenced.d.tb${k}`, body, {
+          subject: `$KV.bench_fenced._lease.k.tp${k}`,
+          seq: leases[k]!.epoch,
+          inert: true,
+        })],
+      ["put", (k) => leases[k]!.put(`d.tp${k}`, body)],
+    ];
+    for (const [, write] of kinds) await phase(Math.min(tpMs, 300), write);
+    for (let r = 0; r < tpRounds; r++) {
+      const order = kinds.map((_, i) => kinds[(i + r) % kinds.length]!);
+      for (const [kind, write] of order) {
+        process.stderr.write(`fenced: throughput round ${r + 1}, ${kind}\n`);
+        tp[kind].push(await phase(tpMs, write));
+      }
+    }
+    for (const r of releases) r();
+    await Promise.all(holding);
+    // The same with a lease-checked guard around each put (the manager
+    // holds the keys; a guard finds them held and sends only the put),
+    // paired with a bare phase of its own.
+    const guardedBare: number[] = [];
+    for (let r = 0; r < tpRounds; r++) {
+      const pair: [number[], (k: number) => Promise<unknown>][] = [
+        [guardedBare, (k) => js.publish(`$KV.bench_fenced.d.tb${k}`, body)],
+        [tp.guarded, (k) =>
+          m.guard(
+            `tp${k}`,
+            (l) => l.put(`d.tp${k}`, body),
+            { check: "lease" },
+          )],
+      ];
+      for (const [xs, write] of r % 2 === 0 ? pair : pair.reverse()) {
+        xs.push(await phase(tpMs, write));
+      }
+    }
+    await Promise.all(
+      Array.from({ length: KEYS }, (_, k) => m.release(`tp${k}`)),
+    );
+    inbox.close();
+    const ratioPut = median(tp.put.map((x, i) => x / tp.bare[i]!));
+    const ratioPutInbox = median(tp.put.map((x, i) => x / tp.inbox[i]!));
+    const ratioInboxFenced = median(
+      tp.inboxFenced.map((x, i) => x / tp.inbox[i]!),
+    );
+    const ratioInboxHeaders = median(
+      tp.inboxHeaders.map((x, i) => x / tp.inbox[i]!),
+    );
+    const ratioGuarded = median(
+      tp.guarded.map((x, i) => x / guardedBare[i]!),
+    );
     const ms = (x: number) => `${(x * 1000).toFixed(0)} µs`;
     const rows: [string, number, number][] = [
       ["fenced put by a held lease", p50(put), p50(bare)],
@@ -212,6 +388,59 @@ async function main(): Promise<void> {
         } | ${(a / b).toFixed(2)}× |`,
       )
     );
+    const rate = (x: number) => `${Math.round(x).toLocaleString("en-US")}/s`;
+    const span = (xs: number[]) =>
+      xs.length < 2
+        ? ""
+        : ` [${xs.map((x) => x.toFixed(2)).sort().at(0)}–${
+          xs.map((x) => x.toFixed(2)).sort().at(-1)
+        }]`;
+    console.log("");
+    console.log(
+      `| ${WRITERS} writers over ${KEYS} keys, ${tpRounds} × ${tpMs} ms | writes/s | against | its writes/s | ratio (median of rounds) |`,
+    );
+    console.log("| --- | --- | --- | --- | --- |");
+    console.log(
+      `| fenced puts by held leases | ${
+        rate(median(tp.put))
+      } | bare js.publish | ${rate(median(tp.bare))} | ${ratioPut.toFixed(2)}×${
+        span(tp.put.map((x, i) => x / tp.bare[i]!))
+      } |`,
+    );
+    console.log(
+      `| fenced puts by held leases | ${
+        rate(median(tp.put))
+      } | bare publish, one shared reply subscription | ${
+        rate(median(tp.inbox))
+      } | ${ratioPutInbox.toFixed(2)}×${
+        span(tp.put.map((x, i) => x / tp.inbox[i]!))
+      } |`,
+    );
+    console.log(
+      `| the same with two inert headers of the fence's sizes | ${
+        rate(median(tp.inboxHeaders))
+      } | bare publish, one shared reply subscription | ${
+        rate(median(tp.inbox))
+      } | ${ratioInboxHeaders.toFixed(2)}×${
+        span(tp.inboxHeaders.map((x, i) => x / tp.inbox[i]!))
+      } |`,
+    );
+    console.log(
+      `| the same, fenced: its headers, no lease code | ${
+        rate(median(tp.inboxFenced))
+      } | bare publish, one shared reply subscription | ${
+        rate(median(tp.inbox))
+      } | ${ratioInboxFenced.toFixed(2)}×${
+        span(tp.inboxFenced.map((x, i) => x / tp.inbox[i]!))
+      } |`,
+    );
+    console.log(
+      `| lease-checked guards, each a fenced put | ${
+        rate(median(tp.guarded))
+      } | bare js.publish | ${rate(median(guardedBare))} | ${
+        ratioGuarded.toFixed(2)
+      }×${span(tp.guarded.map((x, i) => x / guardedBare[i]!))} |`,
+    );
     console.log(JSON.stringify({
       server: ns.version,
       runtime: runtime(),
@@ -224,6 +453,24 @@ async function main(): Promise<void> {
         commit10: atomic ? p50(commit10) : null,
         freeFenced: p50(freeFenced),
         freeClassic: p50(freeClassic),
+      },
+      throughput: {
+        writers: WRITERS,
+        keys: KEYS,
+        rounds: tpRounds,
+        phaseMs: tpMs,
+        bare: tp.bare,
+        inbox: tp.inbox,
+        inboxFenced: tp.inboxFenced,
+        inboxHeaders: tp.inboxHeaders,
+        put: tp.put,
+        guardedBare,
+        guarded: tp.guarded,
+        ratioPut,
+        ratioPutInbox,
+        ratioInboxFenced,
+        ratioInboxHeaders,
+        ratioGuarded,
       },
     }));
     await m.close();

@@ -4,7 +4,10 @@
  *
  * Systems: ours on nats-server with the default `sync_interval` and with
  * `jetstream { sync_interval: always }` (only the second fsyncs before it
- * acknowledges, as etcd does), etcd (`etcd3`: `Lock`, `Election`, a
+ * acknowledges, as etcd does), each on a classic bucket (the data written
+ * to a second bucket, the epoch its token) and on a fenced bucket
+ * (`fenced: true`, issue 33: the data written by the lease's fenced put,
+ * which the server itself refuses once the tenure is over), etcd (`etcd3`: `Lock`, `Election`, a
  * transaction comparing the lock key's create revision) and Redis (`redlock`
  * over `ioredis`, one instance: without persistence, and as `redis-always`
  * with `appendonly yes` and `appendfsync always`, which fsyncs before it
@@ -14,8 +17,12 @@
  *
  * Rows: (1) guarded-write latency, one writer, held key; (2) throughput, 64
  * writers over 256 held keys; (3) acquire and release of a free key, time and
- * requests; (4) failover after SIGKILL of the holder at TTL 5 s; (5) clean
- * handover; (6) a holder paused 2 TTL between its check and its write.
+ * requests; (4) failover after SIGKILL of the holder at TTL 5 s, and after
+ * SIGSTOP (row 6's pause, from the stop to the successor's write); (5) clean
+ * handover; (6) a holder paused 2 TTL between its check and its write. On a
+ * fenced bucket row 6 also sends, once the holder wakes, the message its put
+ * would send (the fence's headers at its epoch) by a bare publish, past the
+ * lease's own check: what the server does with a late fenced write.
  *
  * ```sh
  * bash bench/peers.sh [--smoke]          # setup, then this under Node 24
@@ -23,8 +30,10 @@
  * node_modules/.bin/deno run -A bench/peers.ts
  * ```
  *
- * Prints a Markdown table to stdout and progress to stderr; writes the report
- * as JSON to `bench-results/peers-<runtime>.json` (or `--out`).
+ * Prints two Markdown tables to stdout (every row against ours with
+ * `check: "cas"`; then ours with fsync, classic and fenced, against etcd)
+ * and progress to stderr; writes the report as JSON to
+ * `bench-results/peers-<runtime>.json` (or `--out`).
  *
  * @module
  */
@@ -94,6 +103,10 @@ export type Column =
   | "nats/lease"
   | "nats-always/cas"
   | "nats-always/lease"
+  | "nats-fenced/cas"
+  | "nats-fenced/lease"
+  | "nats-fenced-always/cas"
+  | "nats-fenced-always/lease"
   | "etcd"
   | "redis"
   | "redis-always";
@@ -103,6 +116,10 @@ const COLUMNS: Column[] = [
   "nats/lease",
   "nats-always/cas",
   "nats-always/lease",
+  "nats-fenced/cas",
+  "nats-fenced/lease",
+  "nats-fenced-always/cas",
+  "nats-fenced-always/lease",
   "etcd",
   "redis",
   "redis-always",
@@ -110,6 +127,8 @@ const COLUMNS: Column[] = [
 const SYSTEMS: SystemName[] = [
   "nats",
   "nats-always",
+  "nats-fenced",
+  "nats-fenced-always",
   "etcd",
   "redis",
   "redis-always",
@@ -126,6 +145,16 @@ export interface Paused {
   landed: boolean;
   /** What turned it away, if anything. */
   refusedBy: string | null;
+  /** What the holder printed once it woke (`wrote true`, `refused ...`). */
+  answer?: string;
+  /**
+   * Fenced buckets: the message the holder's put would send (the fence's
+   * headers at its epoch), sent by a bare publish once it woke, past the
+   * lease's own check: whether the server stored it, and its answer.
+   */
+  sent?: { stored: boolean; answer: string };
+  /** Fenced buckets: the data key's value after both, as the server has it. */
+  stored?: string | null;
 }
 
 /** Per-run figures of one system. */
@@ -136,6 +165,8 @@ export interface RunFigures {
   acquireReleaseMs?: number;
   requestsPerCycle?: number;
   failoverMs?: number;
+  /** Row 6's pause: from the SIGSTOP to the successor's first write. */
+  stoppedFailoverMs?: number;
   handoverMs?: number;
   paused?: Paused;
 }
@@ -522,13 +553,16 @@ async function rowFailover(
   }
 }
 
+const isFenced = (system: SystemName): boolean =>
+  system === "nats-fenced" || system === "nats-fenced-always";
+
 async function rowPaused(
   system: SystemName,
   ep: Endpoints,
   peer: Peer,
   ttl: number,
   key: string,
-): Promise<Paused> {
+): Promise<{ paused: Paused; stoppedFailoverMs: number }> {
   const child = startHolder(system, ep, key, ttl, 200);
   try {
     const token = await expect(child, "held");
@@ -537,6 +571,7 @@ async function rowPaused(
     signal(child, "SIGSTOP");
     const stopped = performance.now();
     const successor = await peer.waitAndWrite(key, ttl, "successor");
+    const stoppedFailoverMs = successor.at - stopped;
     const left = 2 * ttl - (performance.now() - stopped);
     if (left > 0) await new Promise((r) => setTimeout(r, left));
     signal(child, "SIGCONT");
@@ -544,6 +579,33 @@ async function rowPaused(
     const holderToken = token === "-" ? null : Number(token);
     const successorToken = successor.token ?? null;
     const landed = line === "wrote true";
+    if (isFenced(system)) {
+      // The same message once more, past the lease's own check: the
+      // server's fence alone decides.
+      child.send("send late");
+      const sentLine = await expect(child, "sent");
+      const stored = sentLine.startsWith("true");
+      const value = await peer.stored!(key, ttl);
+      const refusedBy = landed
+        ? null
+        : /the server refused/.test(line)
+        ? "the server (its fenced put)"
+        : `its lease's own check before sending (${
+          /^refused (\w+)/.exec(line)?.[1] ?? line
+        })`;
+      return {
+        paused: {
+          holderToken,
+          successorToken,
+          landed,
+          refusedBy,
+          answer: line,
+          sent: { stored, answer: sentLine.replace(/^\S+ /, "") },
+          stored: value ?? null,
+        },
+        stoppedFailoverMs,
+      };
+    }
     // A store that keeps the highest token it has accepted and turns away
     // lower ones (examples/fenced_store.ts) would refuse the late write when
     // it carries a token below the successor's.
@@ -554,7 +616,10 @@ async function rowPaused(
       : fenced
       ? "a fenced store (epoch below the successor's)"
       : null;
-    return { holderToken, successorToken, landed, refusedBy };
+    return {
+      paused: { holderToken, successorToken, landed, refusedBy, answer: line },
+      stoppedFailoverMs,
+    };
   } finally {
     signal(child, "SIGCONT");
     signal(child, "SIGKILL");
@@ -569,9 +634,14 @@ async function rowPaused(
 export async function runPeers(cfg: PeersConfig): Promise<PeersReport> {
   const loadStart = os.loadavg();
   log(`${cfg.mode}: starting nats-server twice, etcd and redis-server twice`);
+  const nats = await startNats(false);
+  const natsAlways = await startNats(true);
+  // A fenced bucket lives on the same server as the classic one, beside it.
   const servers: Record<SystemName, Server> = {
-    nats: await startNats(false),
-    "nats-always": await startNats(true),
+    nats,
+    "nats-always": natsAlways,
+    "nats-fenced": nats,
+    "nats-fenced-always": natsAlways,
     etcd: await startEtcd(),
     redis: await startRedis(),
     "redis-always": await startRedis(true),
@@ -646,12 +716,9 @@ export async function runPeers(cfg: PeersConfig): Promise<PeersReport> {
             `el.hand.${r}`,
             "release",
           );
-          f.paused = await rowPaused(
-            sys,
-            endpoints(sys),
-            peer,
-            cfg.ttl,
-            `el.stop.${r}`,
+          Object.assign(
+            f,
+            await rowPaused(sys, endpoints(sys), peer, cfg.ttl, `el.stop.${r}`),
           );
         } finally {
           await peer.close();
@@ -660,7 +727,9 @@ export async function runPeers(cfg: PeersConfig): Promise<PeersReport> {
       for (const c of COLUMNS) runs[c]!.push(figs.get(c)!);
     }
   } finally {
-    for (const s of Object.values(servers)) await s.stop().catch(() => {});
+    for (const s of new Set(Object.values(servers))) {
+      await s.stop().catch(() => {});
+    }
   }
   const denoVersion = (globalThis as { Deno?: { version: { deno: string } } })
     .Deno?.version.deno;
@@ -783,6 +852,11 @@ export function table(report: PeersReport): string {
     (c) => cell(c, (f) => f.failoverMs, ms),
     once,
   );
+  row(
+    `4. failover after SIGSTOP (row 6), TTL ${report.ttl / 1000} s`,
+    (c) => cell(c, (f) => f.stoppedFailoverMs, ms),
+    once,
+  );
   row("5. clean handover", (c) => cell(c, (f) => f.handoverMs, ms), once);
   row("6. paused holder's late write landed", (c) => {
     const p = report.runs[c]!.map((f) => f.paused).filter((x) =>
@@ -797,8 +871,63 @@ export function table(report: PeersReport): string {
     const by = [...new Set(p.map((x) => x.refusedBy ?? "none"))].join("; ");
     return `${p.filter((x) => x.refusedBy !== null).length}/${p.length}: ${by}`;
   }, once);
+  const fencedCols = once.filter((c) => c.startsWith("nats-fenced"));
+  row("6. its message sent past the lease's check landed", (c) => {
+    const p = report.runs[c]!.map((f) => f.paused?.sent).filter((x) =>
+      x !== undefined
+    );
+    const by = [...new Set(p.map((x) => x.stored ? "stored" : x.answer))]
+      .join("; ");
+    return `${p.filter((x) => x.stored).length}/${p.length}: ${by}`;
+  }, fencedCols);
+  row("6. data key afterwards: the successor's", (c) => {
+    const p = report.runs[c]!.map((f) => f.paused).filter((x) =>
+      x?.stored !== undefined
+    );
+    const ok = p.filter((x) =>
+      x!.stored === `${x!.successorToken} successor`
+    ).length;
+    return `${ok}/${p.length}`;
+  }, fencedCols);
   const head = ["row", ...COLUMNS];
   return [head, head.map(() => "---"), ...rows]
+    .map((r) => `| ${r.join(" | ")} |`)
+    .join("\n") + "\n";
+}
+
+/**
+ * Ours with fsync, classic and fenced, against etcd (which always fsyncs):
+ * each cell the median over runs of ours over etcd in the same run, with
+ * the range. Below 1× ours is faster (or, for writes/s, slower).
+ */
+export function versusEtcd(report: PeersReport): string {
+  const cols: Column[] = [
+    "nats-always/cas",
+    "nats-always/lease",
+    "nats-fenced-always/cas",
+    "nats-fenced-always/lease",
+  ];
+  const times = (x: number) => fmt(x, "×", 2);
+  const rows: [string, (f: RunFigures) => number | undefined, boolean][] = [
+    ["1. guarded write p50", (f) => f.latencyP50, false],
+    ["2. writes/s, 64 writers × 256 keys", (f) => f.opsPerSec, false],
+    ["3. acquire + release", (f) => f.acquireReleaseMs, true],
+    ["4. failover after SIGKILL", (f) => f.failoverMs, true],
+    ["4. failover after SIGSTOP", (f) => f.stoppedFailoverMs, true],
+    ["5. clean handover", (f) => f.handoverMs, true],
+  ];
+  const lines = rows.map(([name, pick, once]) => [
+    name,
+    ...cols.map((c) => {
+      if (once && c.endsWith("/lease")) return "—";
+      const { ratio, ratios } = stat(report, c, pick, "etcd");
+      return Number.isFinite(ratio)
+        ? `${times(ratio)}${range(ratios, times)}`
+        : "—";
+    }),
+  ]);
+  const head = ["ours over etcd, same run", ...cols];
+  return [head, head.map(() => "---"), ...lines]
     .map((r) => `| ${r.join(" | ")} |`)
     .join("\n") + "\n";
 }
@@ -827,7 +956,9 @@ if (import.meta.main ?? process.argv[1] === fileURLToPath(import.meta.url)) {
       Object.entries(report.versions).map(([k, v]) => `${k} ${v}`).join(", ")
     }; load average ${report.loadAverage.start[0]!.toFixed(1)} → ${
       report.loadAverage.end[0]!.toFixed(1)
-    }\n\n${table(report)}\nHow a waiting successor learns: ${
+    }\n\n${table(report)}\n${
+      versusEtcd(report)
+    }\nHow a waiting successor learns: ${
       Object.entries(report.learns).map(([k, v]) => `${k}: ${v}`).join("; ")
     }\n`,
   );
