@@ -536,9 +536,8 @@ export const MUTANTS: readonly Mutant[] = [
   {
     id: "LS5",
     file: "cli/ls.ts",
-    find:
-      "  return prefix === undefined ? `$KV.${bucket}.>` : `$KV.${bucket}.${prefix}.>`;",
-    replace: "  return `$KV.${bucket}.>`;",
+    find: "    : `${base}${scope.prefix}.>`;",
+    replace: "    : `${base}>`;",
     test: "cli_ls_test.ts",
     name: "lease ls shows keys held",
     what: "--prefix is ignored: every key of the bucket is listed and watched",
