@@ -586,9 +586,9 @@ export const MUTANTS: readonly Mutant[] = [
     id: "LS9",
     file: "cli/ls.ts",
     find: `    if (row.state === "held" && row.expiresInMs !== null) {
-      // No event comes for an expiry without a marker: time it ourselves.`,
+      // No event comes for an expiry without a marker (nor before a`,
     replace: `    if (false) {
-      // No event comes for an expiry without a marker: time it ourselves.`,
+      // No event comes for an expiry without a marker (nor before a`,
     test: "cli_ls_test.ts",
     name: "lease ls shows keys held",
     what:
