@@ -47,7 +47,13 @@ import {
   maxKeyLength,
 } from "./lease/input.ts";
 import { Manager, type ManagerSettings } from "./lease/manager.ts";
-import { fencedManagerOnPort, TENURE_PREFIX } from "./lease/fenced.ts";
+import {
+  fencedBucketTtl,
+  fencedManagerOnPort,
+  LAYOUT_KEY,
+  TENURE_PREFIX,
+  TTL_KEY,
+} from "./lease/fenced.ts";
 import { natsPort } from "./lease/nats_port.ts";
 import {
   atomicVersion,
@@ -359,24 +365,6 @@ export async function createLeaseManager(
   return o.fencedBucket
     ? await fencedManagerOnPort(port, o)
     : new Manager(port, o);
-}
-
-/** The stream metadata that marks a fenced bucket, and its lease TTL (ms). */
-const LAYOUT_KEY = "nats-lease.layout";
-const TTL_KEY = "nats-lease.ttl";
-
-/**
- * A fenced bucket's lease TTL from its stream metadata; `undefined` for a
- * bucket of the classic layout (no layout key).
- */
-function fencedBucketTtl(
-  metadata: Record<string, string> | undefined,
-): number | undefined {
-  if (metadata?.[LAYOUT_KEY] !== "fenced") return undefined;
-  const ttl = Number(metadata[TTL_KEY]);
-  // A fenced bucket with no readable TTL cannot be joined safely: every
-  // manager's session must use one TTL. -1 fails the TTL checks that follow.
-  return Number.isInteger(ttl) && ttl > 0 ? ttl : -1;
 }
 
 function fencedServersRefusal(bucket: string, why: string): string {

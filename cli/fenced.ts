@@ -24,44 +24,17 @@ import {
 import { conflictRevision, isNoResponders } from "../lease/_nats.ts";
 import { KV_OPERATION_HDR } from "../lease/entry.ts";
 import { fenceVersion } from "../lease/servers.ts";
-import { TENURE_PREFIX } from "../lease/fenced.ts";
+import {
+  fencedBucketTtl as fencedTtl,
+  SESSION_PREFIX,
+  TENURE_PREFIX,
+} from "../lease/fenced.ts";
 import { UnavailableError } from "../lease.ts";
 import { type Args, type TenureEnv, UsageError } from "./args.ts";
 import { dial, isStreamNotFound, noBucket } from "./connect.ts";
 import { EXIT, say } from "./exit.ts";
 
-export { TENURE_PREFIX };
-
-/** Where a fenced bucket keeps a manager's session entry: `_lease.s.<id>`. */
-export const SESSION_PREFIX = "_lease.s.";
-
-/** The prefix of every key a fenced bucket keeps for the leases themselves. */
-export const RESERVED_PREFIX = "_lease.";
-
-/**
- * The stream metadata that marks a fenced bucket and gives its lease TTL
- * in ms: what `createLeaseManager` writes (lease.ts, `LAYOUT_KEY`).
- */
-const LAYOUT_KEY = "nats-lease.layout";
-const TTL_KEY = "nats-lease.ttl";
-
-/**
- * A fenced bucket's lease TTL (ms) from its stream metadata: `undefined`
- * for a bucket of the classic layout, -1 for a fenced one whose TTL is
- * unreadable (createLeaseManager refuses it too).
- *
- * @example
- * ```ts ignore
- * fencedTtl({ "nats-lease.layout": "fenced", "nats-lease.ttl": "2000" }); // 2000
- * ```
- */
-export function fencedTtl(
-  metadata: Record<string, string> | undefined,
-): number | undefined {
-  if (metadata?.[LAYOUT_KEY] !== "fenced") return undefined;
-  const ttl = Number(metadata[TTL_KEY]);
-  return Number.isInteger(ttl) && ttl > 0 ? ttl : -1;
-}
+export { fencedTtl, SESSION_PREFIX, TENURE_PREFIX };
 
 /** A bucket's layout, as its stream's metadata says. */
 export interface Layout {

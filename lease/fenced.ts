@@ -18,6 +18,32 @@ import { Session } from "./session.ts";
 /** Where a fenced bucket keeps a key's tenure entry: `_lease.k.<key>`. */
 export const TENURE_PREFIX = "_lease.k.";
 
+/** Where a fenced bucket keeps a manager's session entry: `_lease.s.<id>`. */
+export const SESSION_PREFIX = "_lease.s.";
+
+/**
+ * The stream metadata that marks a fenced bucket, and its lease TTL (ms):
+ * written by `createLeaseManager` when it creates one, read by it and by
+ * the `lease` command to tell the layouts apart.
+ */
+export const LAYOUT_KEY = "nats-lease.layout";
+/** See {@linkcode LAYOUT_KEY}. */
+export const TTL_KEY = "nats-lease.ttl";
+
+/**
+ * A fenced bucket's lease TTL (ms) from its stream metadata: `undefined`
+ * for a bucket of the classic layout (no layout mark), -1 for a fenced one
+ * whose TTL cannot be read. Such a bucket cannot be joined safely (every
+ * manager's session must use one TTL): -1 fails the TTL checks that follow.
+ */
+export function fencedBucketTtl(
+  metadata: Record<string, string> | undefined,
+): number | undefined {
+  if (metadata?.[LAYOUT_KEY] !== "fenced") return undefined;
+  const ttl = Number(metadata[TTL_KEY]);
+  return Number.isInteger(ttl) && ttl > 0 ? ttl : -1;
+}
+
 /** The subjects of a fenced bucket named `bucket`. */
 export function fencedSubjects(
   bucket: string,
@@ -25,7 +51,7 @@ export function fencedSubjects(
   return {
     tenure: (key) => `$KV.${bucket}.${TENURE_PREFIX}${key}`,
     data: (key) => `$KV.${bucket}.${key}`,
-    sessionSubject: (id) => `$KV.${bucket}._lease.s.${id}`,
+    sessionSubject: (id) => `$KV.${bucket}.${SESSION_PREFIX}${id}`,
     // Outside the stream: a request there reaches only the responder.
     probeSubject: (id) => `$LEASE.${bucket}.probe.${id}`,
   };

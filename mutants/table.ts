@@ -914,7 +914,7 @@ export const MUTANTS: readonly Mutant[] = [
   // --- lease.ts: createLeaseManager's fenced buckets -------------------
   {
     id: "FA1",
-    file: "lease.ts",
+    file: "lease/fenced.ts",
     find: `  if (metadata?.[LAYOUT_KEY] !== "fenced") return undefined;`,
     replace: `  return undefined;`,
     test: "lease_fenced_api_test.ts",
