@@ -302,7 +302,15 @@
  *   Residue: a probe through a server that has not yet learned of the
  *   holder's subscription (a route, a leaf node) is answered "no
  *   responders" too (the port's `serve` resolves once the holder's own
- *   server has it; a route carried it within 1.5 ms here).
+ *   server has it; a route carried it within 1.5 ms here). Residue: a
+ *   delete of a live holder's tenure entry behind its back (an operator,
+ *   `lease release`) frees the key at once, and nothing renews that entry,
+ *   so the holder learns of it only at its next guard with `check: "cas"`,
+ *   `held()` or refused fenced write; until then its `throwIfLost()` and
+ *   lease-checked guards still vouch (F1 still holds). Waiters learn of a
+ *   session's end from a watch of its entry (read itself each TTL/3 too)
+ *   and probe its connection every SESSION_CHECK; only the acquire path's
+ *   own check, which reads the entry from the leader, takes a key.
  * - F6. **A server that loses acknowledged writes** can lose a tenure
  *   entry's write: a successor may then take the key at the same revision
  *   E, and the old holder's fenced writes expecting E land under the new
