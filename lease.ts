@@ -51,10 +51,12 @@ import {
   fencedBucketTtl,
   fencedManagerOnPort,
   LAYOUT_KEY,
+  SUBJECT_RE,
   TENURE_PREFIX,
   TTL_KEY,
 } from "./lease/fenced.ts";
 import { natsPort } from "./lease/nats_port.ts";
+import { streamManager } from "./lease/stream.ts";
 import {
   atomicVersion,
   casSafeVersion,
@@ -146,6 +148,13 @@ export async function createLeaseManager(
 ): Promise<LeaseManager> {
   const o = resolveOptions(options);
   if (o.signal?.aborted) throw abortReason(o.signal);
+  if (o.stream !== undefined) {
+    return await streamManager({
+      ...o,
+      stream: o.stream,
+      leaseSubjects: o.leaseSubjects!,
+    });
+  }
   const nc = o.nc;
   // Set-up is off the write path, so it may wait longer than a lease
   // operation: see SETUP_TIMEOUT.
@@ -412,6 +421,9 @@ interface Resolved extends ManagerSettings {
   domain: string | undefined;
   /** The `fenced` option (ManagerSettings.fenced is the layout's wiring). */
   fencedBucket: boolean;
+  /** The `stream` option: the leases live in this stream of the user's. */
+  stream: string | undefined;
+  leaseSubjects: string | undefined;
 }
 
 /** Checks the options that depend on the TTL, once the TTL in force is known. */
@@ -434,6 +446,52 @@ function checkBoolean(name: string, value: unknown): void {
   }
 }
 
+/**
+ * The options of the stream layout (`stream`): a stream name, a subject
+ * prefix for the leases, and none of the options that only a bucket has.
+ */
+function checkStreamOptions(options: LeaseManagerOptions): void {
+  const { stream, leaseSubjects } = options;
+  if (typeof stream !== "string" || !STREAM_RE.test(stream)) {
+    throw new TypeError(
+      `Cannot create lease manager as 'stream' must be a stream name without whitespace, '.', '*', '>', '/' or '\\': received ${
+        describe(stream)
+      }`,
+    );
+  }
+  if (typeof leaseSubjects !== "string" || !SUBJECT_RE.test(leaseSubjects)) {
+    throw new TypeError(
+      `Cannot create lease manager on stream '${stream}' as 'leaseSubjects' must be the subject prefix the leases live under (e.g. "orders.lease"), without wildcards or whitespace: received ${
+        describe(leaseSubjects)
+      }`,
+    );
+  }
+  for (
+    const name of [
+      "bucket",
+      "createBucket",
+      "replicas",
+      "markers",
+      "restartGrace",
+      "domain",
+    ] as const
+  ) {
+    if (options[name] !== undefined) {
+      throw new TypeError(
+        `Cannot create lease manager with 'stream' and '${name}': the leases live in stream '${stream}', so omit '${name}'`,
+      );
+    }
+  }
+  if (options.fenced === false) {
+    throw new TypeError(
+      `Cannot create lease manager with 'stream' and fenced: false: leases in a stream are always fenced`,
+    );
+  }
+}
+
+/** A stream name: nats-server refuses these characters in one. */
+const STREAM_RE = /^[^\s.*>/\\]+$/;
+
 function resolveOptions(options: LeaseManagerOptions): Resolved {
   if (typeof options !== "object" || options === null) {
     throw new TypeError(
@@ -442,7 +500,8 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
       }`,
     );
   }
-  const { nc, node, bucket = "leases", signal } = options;
+  const { nc, node, signal, stream } = options;
+  const bucket = options.bucket ?? stream ?? "leases";
   if (
     typeof nc !== "object" || nc === null ||
     typeof (nc as { request?: unknown }).request !== "function" ||
@@ -461,7 +520,12 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
       }`,
     );
   }
-  if (typeof bucket !== "string" || !BUCKET_RE.test(bucket)) {
+  if (stream !== undefined) checkStreamOptions(options);
+  else if (options.leaseSubjects !== undefined) {
+    throw new TypeError(
+      `Cannot create lease manager with 'leaseSubjects' but no 'stream': it names where the leases live in a stream of yours`,
+    );
+  } else if (typeof bucket !== "string" || !BUCKET_RE.test(bucket)) {
     throw new TypeError(
       `Cannot create lease manager as 'bucket' must be ASCII letters, digits, '-' or '_': received ${
         describe(bucket)
@@ -483,7 +547,11 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
   // Keys are refused past this length before anything is sent: a longer
   // one would get the connection closed by the server on its first request.
   const maxKey = maxKeyLength(
-    bucket,
+    // A stream's consumer subject names the stream and the tenure's
+    // subject where a bucket's names `KV_<bucket>` and `$KV.<bucket>.`.
+    stream === undefined ? bucket : "x".repeat(
+      Math.ceil((stream.length + options.leaseSubjects!.length + 3) / 2),
+    ),
     domain === undefined ? "$JS.API" : `$JS.${domain}.API`,
     (nc as { options?: { inboxPrefix?: string } }).options?.inboxPrefix ||
       undefined,
@@ -512,7 +580,7 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
   checkBoolean("allowUnverifiedReplicas", options.allowUnverifiedReplicas);
   checkBoolean("markers", options.markers);
   checkBoolean("fenced", options.fenced);
-  const fenced = options.fenced ?? false;
+  const fenced = options.fenced ?? stream !== undefined;
   if (fenced) {
     // A fenced bucket always has markers (a session's end is its entry's
     // expiry into one) and owes no grace: the server refuses a late write.
@@ -569,9 +637,13 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     domain,
     bucket,
     // A fenced bucket's tenure subject is longer: `_lease.k.<key>`.
-    maxKey: fenced ? maxKey - TENURE_PREFIX.length : maxKey,
+    maxKey: fenced && stream === undefined
+      ? maxKey - TENURE_PREFIX.length
+      : maxKey,
     signal,
     fencedBucket: fenced,
+    stream,
+    leaseSubjects: options.leaseSubjects,
   };
   // Checked against the given (or default) TTL now, and again against an
   // existing bucket's TTL once it is adopted.

@@ -668,6 +668,10 @@ class SlotLeaseImpl implements SlotLease {
   commit(ops: readonly FencedOp[]): Promise<{ seq: number; count: number }> {
     return this.#lease.commit(ops);
   }
+
+  publish(subject: string, data: Uint8Array | string): Promise<number> {
+    return this.#lease.publish(subject, data);
+  }
 }
 
 class HeldSlotImpl extends SlotLeaseImpl implements HeldSlot {

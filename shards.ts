@@ -691,6 +691,10 @@ class OwnedShard implements ShardLease {
     return this.#lease.commit(ops);
   }
 
+  publish(subject: string, data: Uint8Array | string): Promise<number> {
+    return this.#lease.publish(subject, data);
+  }
+
   #refusal(): NotHolderError {
     return new NotHolderError(
       this.key,

@@ -231,6 +231,7 @@ async function skipGrace(
       put: blind,
       delete: blind,
       commit: blind,
+      publish: blind,
     };
     await write(lease, called);
     await sleep(random.between(20, 60));

@@ -58,11 +58,76 @@ export function fencedSubjects(
 }
 
 /**
+ * Whether the subject filter `pattern` (a stream's subject, maybe with `*`
+ * and `>` wildcards) matches every subject that starts with `subject`'s
+ * tokens when `prefix` is true, else `subject` itself.
+ */
+export function subjectCovers(
+  pattern: string,
+  subject: string,
+  prefix = false,
+): boolean {
+  const p = pattern.split(".");
+  const t = subject.split(".");
+  for (let i = 0; i < p.length; i++) {
+    if (p[i] === ">") return i < t.length || prefix;
+    if (i >= t.length) return false;
+    if (p[i] !== "*" && p[i] !== t[i]) return false;
+  }
+  // A prefix's deeper subjects need a `>` the pattern did not have.
+  return !prefix && p.length === t.length;
+}
+
+/**
+ * The subjects of the leases kept in the user's stream under `prefix`
+ * (the `stream` option), whose subjects are `streamSubjects`: appends may
+ * go to any subject the stream covers outside the prefix.
+ */
+export function streamLeaseSubjects(
+  stream: string,
+  prefix: string,
+  streamSubjects: readonly string[],
+): Omit<FencedSettings, "session" | "reopen"> {
+  return {
+    tenure: (key) => `${prefix}.k.${key}`,
+    append: (subject) => {
+      // The server would store a write to another stream's subject after
+      // checking the fence there (no tenure: "wrong last sequence"), and
+      // one to no stream's subject never: both refused here, with reasons.
+      if (!SUBJECT_RE.test(subject)) {
+        throw new TypeError(
+          `Cannot publish to '${subject}' as it is not a subject: non-empty '.'-separated tokens without whitespace, '*' or '>'`,
+        );
+      }
+      if (subject === prefix || subject.startsWith(`${prefix}.`)) {
+        throw new TypeError(
+          `Cannot publish to '${subject}' as subjects under '${prefix}' hold the leases themselves`,
+        );
+      }
+      if (!streamSubjects.some((p) => subjectCovers(p, subject))) {
+        throw new TypeError(
+          `Cannot publish to '${subject}' as it is not a subject of stream '${stream}' (${
+            streamSubjects.join(", ")
+          })`,
+        );
+      }
+    },
+    sessionSubject: (id) => `${prefix}.s.${id}`,
+    probeSubject: (id) => `$LEASE.${stream}.probe.${id}`,
+  };
+}
+
+/** A subject without wildcards or whitespace, of non-empty tokens. */
+export const SUBJECT_RE = /^[^.*>\s]+(\.[^.*>\s]+)*$/;
+
+/**
  * Opens this manager's session on the fenced bucket `settings.bucket`, then
  * runs the protocol on it over `port`.
  *
  * @param port The clock, timers and server operations.
  * @param settings The resolved options (a TTL of 1,000 ms or more).
+ * @param subjects Where the leases live: a fenced bucket's subjects by
+ *   default, or {@linkcode streamLeaseSubjects} of a user's stream.
  * @returns The manager.
  * @throws {RangeError} A TTL below 1,000 ms, or a server that cannot
  * expire the session's entry into a marker (before 2.11.2).
@@ -70,8 +135,10 @@ export function fencedSubjects(
 export async function fencedManagerOnPort(
   port: Port,
   settings: Omit<ManagerSettings, "fenced">,
+  subjects: Omit<FencedSettings, "session" | "reopen"> = fencedSubjects(
+    settings.bucket,
+  ),
 ): Promise<Manager> {
-  const subjects = fencedSubjects(settings.bucket);
   const open = (id?: string) =>
     Session.open({
       port,

@@ -432,8 +432,17 @@ export interface FencedSettings {
   readonly reopen: (id: string) => Promise<Session>;
   /** The subject of a key's tenure entry. */
   readonly tenure: (key: string) => string;
-  /** The subject of a data key, which fenced writes store. */
-  readonly data: (key: string) => string;
+  /**
+   * The subject of a data key, which fenced puts and deletes store: on a
+   * bucket. Absent on a stream, which takes appends instead.
+   */
+  readonly data?: (key: string) => string;
+  /**
+   * On a stream: throws a TypeError unless `subject` may take a fenced
+   * append (a subject of the stream, outside the leases' own). Absent on
+   * a bucket.
+   */
+  readonly append?: (subject: string) => void;
   /** The subject of a session's entry, given its id. */
   readonly sessionSubject: (id: string) => string;
   /** The subject a session's responder answers on, given its id. */
@@ -459,8 +468,10 @@ export function managerOnPort(
 interface FenceContext {
   /** The key's tenure entry: the subject every fenced write is checked against. */
   readonly subject: string;
-  /** The subject of a data key. */
-  readonly data: (key: string) => string;
+  /** The subject of a data key (a bucket). */
+  readonly data?: (key: string) => string;
+  /** Checks an append's subject (a stream). */
+  readonly append?: (subject: string) => void;
   /** Request timeout, ms. */
   readonly timeout: number;
   /** The server refused a write of this tenure: it is over. */
@@ -469,6 +480,13 @@ interface FenceContext {
 
 /** The prefix of the fenced layout's own subjects, which data keys may not use. */
 const RESERVED = "_lease.";
+
+/** A fenced write's refusal on a classic bucket, before anything is sent. */
+function notFenced(verb: string, key: string): TypeError {
+  return new TypeError(
+    `Cannot ${verb} '${key}' as the lease bucket is not fenced: only a fenced bucket's server refuses a stale write`,
+  );
+}
 
 /**
  * On a fenced bucket, how long one check of another manager's session
@@ -516,7 +534,7 @@ class HeldLease implements Lease {
 
   put(key: string, value: Uint8Array | string): Promise<number> {
     try {
-      const f = this.#fenced("put", key);
+      const subject = this.#fenced("put", key)(key);
       const data = typeof value === "string" ? encoder.encode(value) : value;
       if (!(data instanceof Uint8Array)) {
         throw new TypeError(
@@ -525,7 +543,7 @@ class HeldLease implements Lease {
           }`,
         );
       }
-      return this.#publish(f, key, "PUT", data);
+      return this.#publish(this.#fence!, key, subject, "PUT", data);
     } catch (err) {
       return Promise.reject(err);
     }
@@ -533,12 +551,33 @@ class HeldLease implements Lease {
 
   delete(key: string): Promise<number> {
     try {
+      const subject = this.#fenced("delete", key)(key);
       return this.#publish(
-        this.#fenced("delete", key),
+        this.#fence!,
         key,
+        subject,
         "DEL",
         new Uint8Array(0),
       );
+    } catch (err) {
+      return Promise.reject(err);
+    }
+  }
+
+  publish(subject: string, data: Uint8Array | string): Promise<number> {
+    try {
+      const to = this.#appendable("publish to", subject);
+      const bytes = typeof data === "string" ? encoder.encode(data) : data;
+      if (!(bytes instanceof Uint8Array)) {
+        throw new TypeError(
+          `Cannot publish to '${subject}' as 'data' must be a string or a Uint8Array: received ${
+            describe(data)
+          }`,
+        );
+      }
+      // A plain append: no KV operation header, so a reader of the stream
+      // sees the message as published.
+      return this.#publish(this.#fence!, subject, to, "PUT", bytes);
     } catch (err) {
       return Promise.reject(err);
     }
@@ -554,7 +593,8 @@ class HeldLease implements Lease {
         }`,
       );
     }
-    const f = this.#fenced("commit", this.key);
+    const f = this.#fence;
+    if (f === undefined) throw notFenced("commit on", this.key);
     const commit = this.#port.commit;
     if (commit === undefined) {
       throw new TypeError(
@@ -562,8 +602,21 @@ class HeldLease implements Lease {
       );
     }
     const writes = ops.map((op) => {
+      if (op !== null && typeof op === "object" && "publish" in op) {
+        const append = this.#appendable("commit", op.publish);
+        const v = op.data;
+        const data = typeof v === "string" ? encoder.encode(v) : v;
+        if (!(data instanceof Uint8Array)) {
+          throw new TypeError(
+            `Cannot commit an append to '${op.publish}' as its 'data' must be a string or a Uint8Array: received ${
+              describe(v)
+            }`,
+          );
+        }
+        return { subject: append, op: "PUT" as const, data };
+      }
       if (op !== null && typeof op === "object" && "put" in op) {
-        this.#fenced("commit", op.put);
+        const subject = this.#fenced("commit", op.put)(op.put);
         const v = op.value;
         const data = typeof v === "string" ? encoder.encode(v) : v;
         if (!(data instanceof Uint8Array)) {
@@ -573,18 +626,18 @@ class HeldLease implements Lease {
             }`,
           );
         }
-        return { subject: f.data(op.put), op: "PUT" as const, data };
+        return { subject, op: "PUT" as const, data };
       }
       if (op !== null && typeof op === "object" && "delete" in op) {
-        this.#fenced("commit", op.delete);
+        const subject = this.#fenced("commit", op.delete)(op.delete);
         return {
-          subject: f.data(op.delete),
+          subject,
           op: "DEL" as const,
           data: new Uint8Array(0),
         };
       }
       throw new TypeError(
-        `Cannot commit on '${this.key}' as each op must be { put, value } or { delete }: received ${
+        `Cannot commit on '${this.key}' as each op must be { put, value }, { delete } or { publish, data }: received ${
           describe(op)
         }`,
       );
@@ -596,12 +649,16 @@ class HeldLease implements Lease {
     );
   }
 
-  /** The fence, after checking that `key` may be written by a fenced write. */
-  #fenced(verb: string, key: string): FenceContext {
+  /**
+   * The data key subjects, after checking that `key` may be written by a
+   * fenced put or delete (a fenced bucket's data key).
+   */
+  #fenced(verb: string, key: string): (key: string) => string {
     const f = this.#fence;
-    if (f === undefined) {
+    if (f === undefined) throw notFenced(verb, key);
+    if (f.data === undefined) {
       throw new TypeError(
-        `Cannot ${verb} '${key}' as the lease bucket is not fenced: only a fenced bucket's server refuses a stale write`,
+        `Cannot ${verb} '${key}' as the leases live in a stream, which takes appends: use publish(subject, data)`,
       );
     }
     checkKey(verb, key);
@@ -610,12 +667,33 @@ class HeldLease implements Lease {
         `Cannot ${verb} '${key}' as keys under '${RESERVED}' hold the leases themselves`,
       );
     }
-    return f;
+    return f.data;
+  }
+
+  /** `subject`, after checking that a fenced append may go there. */
+  #appendable(verb: string, subject: string): string {
+    const f = this.#fence;
+    if (f === undefined) throw notFenced(verb, String(subject));
+    if (f.append === undefined) {
+      throw new TypeError(
+        `Cannot ${verb} '${subject}' as the leases live in a KV bucket, which takes puts and deletes: use put(key, value)`,
+      );
+    }
+    if (typeof subject !== "string") {
+      throw new TypeError(
+        `Cannot ${verb} a subject as 'subject' must be a string: received ${
+          describe(subject)
+        }`,
+      );
+    }
+    f.append(subject);
+    return subject;
   }
 
   async #publish(
     f: FenceContext,
     key: string,
+    subject: string,
     op: "PUT" | "DEL",
     data: Uint8Array,
   ): Promise<number> {
@@ -628,8 +706,7 @@ class HeldLease implements Lease {
     const res = await this.#send<{ seq: number }>(
       f,
       `the fenced write of '${key}'`,
-      (fence) =>
-        publish({ subject: f.data(key), op, data, fence, timeout: f.timeout }),
+      (fence) => publish({ subject, op, data, fence, timeout: f.timeout }),
     );
     return res.seq;
   }
@@ -1145,7 +1222,8 @@ export class Manager extends EventTarget implements LeaseManager {
     const t = st.tenure;
     return {
       subject: st.subject,
-      data: f.data,
+      ...(f.data !== undefined ? { data: f.data } : {}),
+      ...(f.append !== undefined ? { append: f.append } : {}),
       timeout: this.#timeout,
       refused: () => {
         // The server saw the tenure entry move: another tenure began.

@@ -419,6 +419,7 @@ export function natsPort(
   silence: number,
   markers: MarkerProof,
   late: LatePeers,
+  rollup = false,
 ): Port {
   // Point 7: a success after an unanswered request or a silence counts only
   // once a stream-info request sent after it shows the stream we started on
@@ -510,6 +511,10 @@ export function natsPort(
         String(req.expect),
       ]);
       if (req.op === "DEL") h.headers.set(KV_OPERATION_HDR, ["DEL"]);
+      // A stream of the user's keeps every message of a subject: each
+      // lease entry's write replaces the ones before it, as a bucket's
+      // history of 1 does. The server checks the expected sequence first.
+      if (rollup) h.headers.set("Nats-Rollup", ["sub"]);
       if (req.ttl !== undefined) {
         h.headers.set(PubHeaders.MessageTTL, [`${req.ttl}s`]);
       }

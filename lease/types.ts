@@ -293,6 +293,30 @@ export interface LeaseManagerOptions {
    * @default {false}
    */
   fenced?: boolean;
+  /**
+   * Keep the leases in this JetStream stream of yours instead of a KV
+   * bucket (the fenced layout, nats-server 2.11.2 or later): each lease
+   * then offers {@linkcode Lease.publish}, which appends to the stream only
+   * while its tenure lasts, so a stale holder's late append is refused by
+   * the server itself. The leases live under `leaseSubjects`, which the
+   * stream's subjects must cover. The stream is never created or changed:
+   * set-up refuses one without `allow_msg_ttl`, a subject delete marker TTL
+   * of 1 s or more, or `allow_rollup_hdrs`, and one with a max age,
+   * `max_msgs` or `max_bytes` (those would drop a long-held tenure's entry:
+   * a spurious takeover). Every manager on the stream must use the same
+   * `leaseSubjects`. `bucket`, `createBucket`, `replicas`, `markers`,
+   * `restartGrace` and `domain` do not apply, and `fenced` is implied.
+   * @default {undefined}
+   */
+  stream?: string;
+  /**
+   * With `stream`, the subject prefix the leases live under: a key's
+   * tenure is `<leaseSubjects>.k.<key>`, a manager's session
+   * `<leaseSubjects>.s.<id>`. Required with `stream`; appends under it are
+   * refused.
+   * @default {undefined}
+   */
+  leaseSubjects?: string;
 }
 
 /**
@@ -402,7 +426,9 @@ export interface Lease {
    * On a fenced bucket, stores 1 to 1,000 puts and deletes of data keys all
    * or nothing, fenced by this tenure: nats-server 2.12 or later, on a
    * bucket with atomic batches (`allow_atomic`, set when the manager
-   * created the bucket on such servers). A refused commit stores nothing.
+   * created the bucket on such servers). On a stream (`stream`), the same
+   * for appends (`{ publish, data }`), on a stream with `allow_atomic`. A
+   * refused commit stores nothing.
    *
    * @param ops The writes, in order.
    * @returns The last write's revision, and how many were stored.
@@ -414,15 +440,36 @@ export interface Lease {
    * ```
    */
   commit(ops: readonly FencedOp[]): Promise<{ seq: number; count: number }>;
+  /**
+   * On a manager created with `stream`, appends `data` to `subject` of that
+   * stream, fenced by this tenure: the server itself refuses it once
+   * another tenure took the lease. The subject must be one the stream's
+   * subjects cover, outside `leaseSubjects`; anything else is refused with
+   * a `TypeError` before anything is sent, as it is on a bucket.
+   *
+   * @param subject The subject to append to.
+   * @param data The message.
+   * @returns The message's stream sequence.
+   * @throws {NotHolderError} The server refused it: the tenure is over.
+   * @throws {UnavailableError} The lease cannot be vouched for now, or no
+   * answer came (the message may have been stored).
+   * @example Append to an order log only while holding its lease
+   * ```ts ignore
+   * await leases.guard("orders", (lease) => lease.publish("orders.created", '{"id":1}'));
+   * ```
+   */
+  publish(subject: string, data: Uint8Array | string): Promise<number>;
 }
 
 /**
- * One write of {@linkcode Lease.commit}: a put of `value` to a data key, or
- * a delete of one.
+ * One write of {@linkcode Lease.commit}: on a fenced bucket, a put of
+ * `value` to a data key or a delete of one; on a stream (the `stream`
+ * option), an append of `data` to a subject of it.
  */
 export type FencedOp =
   | { readonly put: string; readonly value: Uint8Array | string }
-  | { readonly delete: string };
+  | { readonly delete: string }
+  | { readonly publish: string; readonly data: Uint8Array | string };
 
 /** Who holds a key, as reported by {@linkcode LeaseManager.holder}. */
 export interface Holder {

@@ -1,6 +1,6 @@
 /**
  * A holder on a fenced bucket in a process of its own (issue 33), so that
- * `lease_fenced_test.ts` can SIGKILL and SIGSTOP it: connects to NATS_URL,
+ * `lease_fenced_test.ts` and `lease_stream_test.ts` can SIGKILL and SIGSTOP it: connects to NATS_URL,
  * opens a fenced manager for LEASE_NODE on LEASE_BUCKET (created by
  * whichever of it and the test opens it first) with LEASE_TTL, takes LEASE_KEY and,
  * inside that one guarded write, puts `<node>-<n>` to the data key
@@ -20,18 +20,20 @@ const bucket = env.LEASE_BUCKET!;
 const node = env.LEASE_NODE!;
 const ttl = Number(env.LEASE_TTL);
 const nc = await connect({ servers: env.NATS_URL!.split(",") });
-const leases = await createLeaseManager({
-  nc,
-  node,
-  bucket,
-  ttl,
-  fenced: true,
-});
+// LEASE_STREAM and LEASE_SUBJECTS: the leases live in that stream, and
+// each write is an append to DATA_KEY (a subject of it).
+const stream = env.LEASE_STREAM;
+const leases = await createLeaseManager(
+  stream === undefined
+    ? { nc, node, bucket, ttl, fenced: true }
+    : { nc, node, ttl, stream, leaseSubjects: env.LEASE_SUBJECTS! },
+);
 let deadline = 0;
 await leases.guard(env.LEASE_KEY!, async (lease) => {
   for (let n = 1;; n++) {
     try {
-      await lease.put(env.DATA_KEY!, `${node}-${n}`);
+      if (stream === undefined) await lease.put(env.DATA_KEY!, `${node}-${n}`);
+      else await lease.publish(env.DATA_KEY!, `${node}-${n}`);
     } catch (err) {
       say("refused", { n, error: String(err), name: (err as Error).name });
       return;
