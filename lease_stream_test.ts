@@ -26,6 +26,9 @@ import {
   type LeaseManager,
   type LeaseManagerOptions,
   NotHolderError,
+  semaphore,
+  type ShardLease,
+  shards,
 } from "./mod.ts";
 import { atomicVersion, markersVersion } from "./lease/servers.ts";
 import { streamRefusals } from "./lease/stream.ts";
@@ -277,6 +280,7 @@ describe("leases in a stream of the user's", { skip: OLD }, () => {
             [`${s.name}.lease.k.o1`, /hold the leases themselves/],
             [`${s.name}.lease`, /hold the leases themselves/],
             ["elsewhere.x", /not a subject of stream/],
+            [s.name, /not a subject of stream/], // '>' needs a token
             [`${s.name}.*`, /not a subject:/],
             ["", /not a subject:/],
             [42, /must be a string/],
@@ -418,6 +422,46 @@ describe("leases in a stream of the user's", { skip: OLD }, () => {
       }
     },
   );
+
+  test("a semaphore's slot lease and an owned shard's lease append to the stream, fenced by their tenure (shards)", async () => {
+    const s = await stream();
+    const a = await s.open("a");
+    const stop = new AbortController();
+    try {
+      const sem = semaphore(a.m, "jobs", { limit: 2 });
+      const seq = await sem.guard((slot) =>
+        slot.publish(`${s.name}.jobs.${slot.slot}`, "done")
+      );
+      // The member runs until the end (leaving would hand its shards back).
+      let owns!: (owned: ReadonlyMap<number, ShardLease>) => void;
+      const all = new Promise<ReadonlyMap<number, ShardLease>>((r) => owns = r);
+      const member = (async () => {
+        for await (
+          const got of shards(a.m, "ingest", { count: 2, signal: stop.signal })
+        ) {
+          if (got.owned.size === 2) owns(got.owned);
+        }
+      })().catch(() => {});
+      const lease = (await all).get(1)!;
+      const seq2 = await lease.publish(`${s.name}.ingest.1`, "x");
+      const seq3 = await lease.guard((l) =>
+        l.publish(`${s.name}.ingest.1`, "y")
+      );
+      assert.ok(seq < seq2 && seq2 < seq3, `${seq} ${seq2} ${seq3}`);
+      const c = await counts(jsm, s.name);
+      assert.equal(
+        Object.entries(c).filter(([k]) => k.startsWith(`${s.name}.jobs.`))
+          .length,
+        1,
+      );
+      assert.equal(c[`${s.name}.ingest.1`], 2);
+      stop.abort();
+      await member;
+    } finally {
+      stop.abort();
+      await a.m.close();
+    }
+  });
 
   test("a SIGKILLed holder's key is taken as soon as the server says its connection is gone, with no grace", async () => {
     const s = await stream();

@@ -980,4 +980,54 @@ export const MUTANTS: readonly Mutant[] = [
     name: "shards",
     what: "a shard lease's put is not passed on: nothing is stored",
   },
+  // --- lease/stream.ts: leases in a stream of the user's ----------------
+  {
+    id: "FS1",
+    file: "lease/nats_port.ts",
+    find: `      if (rollup) h.headers.set("Nats-Rollup", ["sub"]);`,
+    replace: ``,
+    test: "lease_stream_test.ts",
+    name: "one message however often",
+    what:
+      "lease entries in a user's stream are not rolled up: every session renewal stays in the stream forever",
+  },
+  {
+    id: "FS2",
+    file: "lease/fenced.ts",
+    find: `      if (!streamSubjects.some((p) => subjectCovers(p, subject))) {`,
+    replace: `      if (false) {`,
+    test: "lease_stream_test.ts",
+    name: "refused before sending",
+    what:
+      "an append to a subject outside the stream is sent: another stream's subject is checked against a tenure it never had",
+  },
+  {
+    id: "FS3",
+    file: "lease/stream.ts",
+    find: `    ["max_age", c.max_age],`,
+    replace: ``,
+    test: "lease_stream_test.ts",
+    name: "cannot hold leases",
+    what:
+      "a stream with a max age is taken: a key held longer than it loses its tenure entry and is taken from a live holder",
+  },
+  {
+    id: "FS4",
+    file: "lease/fenced.ts",
+    find: `    if (p[i] === ">") return i < t.length || prefix;`,
+    replace: `    if (p[i] === ">") return true;`,
+    test: "lease_stream_test.ts",
+    name: "refused before sending",
+    what:
+      "a '>' subject is taken to cover its own prefix: an append to 'orders' passes for 'orders.>' and is never stored",
+  },
+  {
+    id: "FS5",
+    file: "shards.ts",
+    find: `    return this.#lease.publish(subject, data);`,
+    replace: `    return Promise.resolve(0);`,
+    test: "lease_stream_test.ts",
+    name: "shards",
+    what: "a shard lease's publish is not passed on: nothing is appended",
+  },
 ];
