@@ -178,6 +178,8 @@ describe("leases in a stream of the user's", { skip: OLD }, () => {
       [{ max_msgs: 1000 }, /'max_msgs'/],
       [{ max_bytes: 1_000_000 }, /'max_bytes'/],
       [{ subjects: ["elsewhere.>"] }, /do not cover/],
+      [{ retention: "workqueue" }, /retention is 'workqueue'/],
+      [{ retention: "interest" }, /retention is 'interest'/],
     ];
     for (const [extra, message] of cases) {
       const name = uniq("S").replaceAll("-", "_");

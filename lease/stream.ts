@@ -8,7 +8,8 @@
  * - the stream keeps every message of a subject, so every lease entry's
  *   write is a rollup of its subject (`allow_rollup_hdrs`, no
  *   `deny_purge`), or each renewal would stay forever;
- * - a max age or a limit of messages or bytes would drop a tenure entry
+ * - a max age, a limit of messages or bytes, or a retention other than
+ *   `limits` (a work queue, interest) would drop a tenure entry
  *   that is written once per tenure, so a key held long enough would look
  *   free: a takeover from a live holder (its fenced writes are still
  *   refused, F1, but it is a failover nobody asked for). Refused;
@@ -78,6 +79,14 @@ export function streamRefusals(
     );
   }
   if (c.mirror) out.push("it is a mirror, which takes no writes");
+  // A work queue drops a message its consumer acknowledged, an interest
+  // stream one every consumer did (or at once, without consumers): a
+  // tenure or session entry gone, and the key taken from a live holder.
+  if (c.retention !== undefined && c.retention !== "limits") {
+    out.push(
+      `its retention is '${c.retention}', which drops lease entries once consumed (use 'limits')`,
+    );
+  }
   if (c.sealed) out.push("it is sealed");
   const subjects = c.subjects ?? [];
   for (const part of ["k", "s"]) {

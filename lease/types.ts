@@ -302,8 +302,8 @@ export interface LeaseManagerOptions {
    * stream's subjects must cover. The stream is never created or changed:
    * set-up refuses one without `allow_msg_ttl`, a subject delete marker TTL
    * of 1 s or more, or `allow_rollup_hdrs`, and one with a max age,
-   * `max_msgs` or `max_bytes` (those would drop a long-held tenure's entry:
-   * a spurious takeover). Every manager on the stream must use the same
+   * `max_msgs`, `max_bytes` or a retention other than `limits` (those would
+   * drop a long-held tenure's entry: a spurious takeover). Every manager on the stream must use the same
    * `leaseSubjects`. `bucket`, `createBucket`, `replicas`, `markers`,
    * `restartGrace` and `domain` do not apply, and `fenced` is implied.
    * @default {undefined}
