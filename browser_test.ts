@@ -19,6 +19,12 @@
 //   crashes, this process, waiting with a fenced manager, takes the key
 //   within TTL/2 because the server answers the page's session probe "no
 //   responders" (found "crashed"), and its own fenced put lands;
+// - with the leases in a stream of the user's (`stream`, `leaseSubjects`,
+//   nats-server 2.11.2+), a page's lease.publish (and, on 2.12+, its
+//   lease.commit) appends to the stream; when its renderer crashes, this
+//   process, waiting with a manager on the same stream, takes the key
+//   within TTL/2 (found "crashed"), its own append lands, and the stream
+//   holds nothing of the page's after it;
 // - examples/browser/ shows the leader, and a closed leading tab hands over
 //   at once (LEASE_SCREENSHOT=1 saves docs/img/browser-leader.png);
 // - docs/runtimes.md's browser quick start, built and served by its esbuild
@@ -49,12 +55,13 @@ import {
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
+import { type JetStreamManager, jetstreamManager } from "@nats-io/jetstream";
 import {
   createLeaseManager,
   type LeaseAcquiredEvent,
   type LeaseManager,
 } from "./mod.ts";
-import { markersVersion } from "./lease/servers.ts";
+import { atomicVersion, markersVersion } from "./lease/servers.ts";
 import { versionOf } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
 
@@ -80,6 +87,9 @@ const WAIT = 10_000;
 const NO_FENCED = markersVersion(versionOf(natsServerBinary()))
   ? false
   : "fenced buckets need nats-server 2.11.2 or later";
+/** Why the stream-layout test is skipped: a server before 2.11.2. */
+const NO_STREAM = NO_FENCED &&
+  "leases in a stream need nats-server 2.11.2 or later";
 
 /** Rejects with a message naming `what` unless `p` settles within `ms`. */
 async function within<T>(ms: number, p: Promise<T>, what: string): Promise<T> {
@@ -177,6 +187,25 @@ h.fenced = async ({ ws, node, bucket, ttl, key, dataKey }) => {
   return await h.fleases.guard(key, async (lease) => {
     const value = node + ":" + lease.epoch;
     return { epoch: lease.epoch, value, revision: await lease.put(dataKey, value) };
+  });
+};
+// A manager of its own on a stream of the user's (stream and
+// leaseSubjects), which takes a key, appends "<node>:<epoch>" to a subject
+// of the stream with lease.publish (and, where the stream allows atomic
+// batches, two more with one lease.commit), and keeps the key.
+h.stream = async ({ ws, node, stream, leaseSubjects, ttl, key, subject, atomic }) => {
+  h.snc = await wsconnect({ servers: ws, name: node });
+  h.sleases = await createLeaseManager({ nc: h.snc, node, stream, leaseSubjects, ttl });
+  return await h.sleases.guard(key, async (lease) => {
+    const value = node + ":" + lease.epoch;
+    const seq = await lease.publish(subject, value);
+    const commit = atomic
+      ? await lease.commit([
+        { publish: subject, data: value + ":commit-1" },
+        { publish: subject, data: value + ":commit-2" },
+      ])
+      : null;
+    return { epoch: lease.epoch, value, seq, commit };
   });
 };
 h.worker = (msg) => {
@@ -937,6 +966,149 @@ test(
     }
   },
 );
+
+// ---------------------------------------------------------------------------
+// A stream of the user's (createLeaseManager({ stream, leaseSubjects })):
+// the leases live under a prefix of an application's stream, and
+// lease.publish appends to the same stream, fenced by the tenure.
+
+test(
+  "a stream of the user's: a page's lease.publish appends to the stream; when its renderer crashes, Node takes the key (found \"crashed\") far inside the TTL, its own append lands, and nothing of the page's follows",
+  { timeout: 20_000, skip: NO_STREAM },
+  async () => {
+    const stream = "BROWSER_ORDERS";
+    const leaseSubjects = "browser-orders.lease";
+    const subject = "browser-orders.created";
+    const key = "orders";
+    // Where the server has atomic batches (2.12+), the page commits too.
+    const atomic = atomicVersion(ns!.version);
+    // The application's stream, made by this process: the library never
+    // creates or changes it (lease_stream_test.ts's goodConfig).
+    const jsm = await jetstreamManager(nc!);
+    await jsm.streams.add(
+      {
+        name: stream,
+        subjects: ["browser-orders.>"],
+        allow_msg_ttl: true,
+        subject_delete_marker_ttl: 2_000_000_000,
+        allow_rollup_hdrs: true,
+        allow_direct: true,
+        ...(atomic ? { allow_atomic: true } : {}),
+      } as Parameters<typeof jsm.streams.add>[0],
+    );
+    const streamed = await createLeaseManager({
+      nc: nc!,
+      node: "node-stream",
+      stream,
+      leaseSubjects,
+      ttl: TTL,
+    });
+    const page = await harness("page S");
+    try {
+      const found: string[] = [];
+      streamed.addEventListener("acquired", (e) => {
+        const a = e as LeaseAcquiredEvent;
+        found.push(`${a.key} ${a.found} ${a.grace}`);
+      });
+      const put = await call<{
+        epoch: number;
+        value: string;
+        seq: number;
+        commit: { seq: number; count: number } | null;
+      }>(page, "stream", {
+        ws: ns!.wsUrl,
+        node: "page-S",
+        stream,
+        leaseSubjects,
+        ttl: TTL,
+        key,
+        subject,
+        atomic,
+      });
+      assert.equal(put.value, `page-S:${put.epoch}`);
+      // The page's append is a plain message of the stream.
+      const m = await jsm.streams.getMessage(stream, { seq: put.seq });
+      assert.equal(m?.subject, subject);
+      assert.equal(m?.string(), put.value);
+      if (atomic) {
+        assert.equal(put.commit?.count, 2);
+        assert.ok(put.commit!.seq > put.seq);
+      } else assert.equal(put.commit, null);
+      assert.deepEqual(await streamed.holder(key), {
+        node: "page-S",
+        epoch: put.epoch,
+      });
+
+      // This process waits for the key; the page's session lives, so it
+      // must not get it.
+      let crashedAt = Infinity;
+      const taking = streamed.guard(key, async (lease) => {
+        const took = performance.now() - crashedAt;
+        const value = `node-stream:${lease.epoch}`;
+        return {
+          took,
+          epoch: lease.epoch,
+          value,
+          seq: await lease.publish(subject, value),
+        };
+      }, { wait: true, signal: AbortSignal.timeout(WAIT + TTL) });
+      await sleep(300);
+      assert.deepEqual(found, [], "taken while the page's session lived");
+
+      const cdp = await context!.newCDPSession(page);
+      const crashed = new Promise<void>((r) => page.once("crash", () => r()));
+      crashedAt = performance.now();
+      // The command gets no answer from a renderer that is gone.
+      void cdp.send("Page.crash").catch(() => {});
+      await within(WAIT, crashed, "page S to crash");
+      const took = await taking;
+      assert.deepEqual(found, [`${key} crashed 0`]);
+      assert.ok(took.epoch > put.epoch, "a new tenure");
+      assert.ok(took.took < TTL / 2, `taken ${took.took} ms after the crash`);
+      // A TTL later: the subject holds the page's appends, then Node's, and
+      // nothing of the page's after the takeover.
+      await sleep(TTL);
+      const appends = await messagesOn(jsm, stream, subject);
+      console.log(
+        `  [figures] stream layout: Node took the key ${
+          took.took.toFixed(1)
+        } ms after page S's crash (TTL ${TTL} ms), found ${
+          found.join(", ")
+        }; ${subject}: ${appends.map((a) => `${a.seq}=${a.data}`).join(", ")}`,
+      );
+      assert.deepEqual(appends.map((a) => a.data), [
+        put.value,
+        ...(atomic ? [`${put.value}:commit-1`, `${put.value}:commit-2`] : []),
+        took.value,
+      ]);
+      assert.equal(appends[0]!.seq, put.seq);
+      assert.equal(appends.at(-1)!.seq, took.seq);
+      if (atomic) assert.equal(appends.at(-2)!.seq, put.commit!.seq);
+    } finally {
+      await streamed.close();
+      await within(WAIT, page.close(), "closing page S");
+    }
+  },
+);
+
+/** Every message on `subject` of `stream`, in order: its sequence and data. */
+async function messagesOn(
+  jsm: JetStreamManager,
+  stream: string,
+  subject: string,
+): Promise<{ seq: number; data: string }[]> {
+  const out: { seq: number; data: string }[] = [];
+  for (let seq = 1;;) {
+    // STREAM.MSG.GET's next_by_subj (nats.js's type leaves it out).
+    const m = await jsm.streams.getMessage(
+      stream,
+      { seq, next_by_subj: subject } as unknown as { seq: number },
+    );
+    if (m === null) return out;
+    out.push({ seq: m.seq, data: m.string() });
+    seq = m.seq + 1;
+  }
+}
 
 test("no page logged an uncaught error or a console.error", () => {
   assert.deepEqual(problems, []);

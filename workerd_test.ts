@@ -23,6 +23,12 @@
 //   the takeover, is refused by the server; after each request answered,
 //   its session's entry is deleted and never renewed again, its probe
 //   subject has no responder and its connection is closed.
+// - With the leases in a stream of the user's (`stream`, `leaseSubjects`,
+//   nats-server 2.11.2+; test_util/workerd_stream.ts): stateless requests
+//   and Node holders append "<node>:<epoch>" to one subject with
+//   lease.publish, and the sequences show the epochs never going down; a
+//   Node holder cut off the same way loses the key to a waiting request,
+//   and its append, delivered after the takeover, is refused by the server.
 // The limits are written down in docs/runtimes.md.
 //
 // Runs under `node --test` only (Node 24, which runs this TypeScript as is).
@@ -47,6 +53,7 @@ import { markersVersion } from "./lease/servers.ts";
 import { conn, sleep, versionOf } from "./test_util/lease_helpers.ts";
 import { NatsServer, natsServerBinary } from "./test_util/nats_server.ts";
 import { type Frame, NatsProxy } from "./test_util/proxy.ts";
+import type { StreamRecord } from "./test_util/workerd_stream.ts";
 import { COMPATIBILITY_DATE, startWorker } from "./examples/workerd/serve.ts";
 import {
   type FencedRecord,
@@ -67,6 +74,9 @@ const FENCED_BUCKET = "workerd-fenced";
 const NO_FENCED = markersVersion(versionOf(natsServerBinary()))
   ? false
   : "fenced buckets need nats-server 2.11.2 or later";
+/** Why the stream-layout test is skipped: a server before 2.11.2. */
+const NO_STREAM = NO_FENCED &&
+  "leases in a stream need nats-server 2.11.2 or later";
 /** Every wait below is bounded by this. */
 const WAIT = 10_000;
 /** The workerd binary miniflare runs (npm package `workerd`). */
@@ -664,6 +674,263 @@ describe("workerd, a fenced bucket", () => {
         assert.equal(mine.length, 1, "the last request's session");
         assert.equal(mine[0]![1].op, "DEL");
         assert.equal(await probe(mine[0]![0]), "no responders");
+        assert.deepEqual(await workers(), [], "no worker connection is open");
+      } finally {
+        proxy.onFrame = undefined;
+        proxy.release("up");
+        await cutOff.close();
+        await pnc.close();
+        await holder.close();
+      }
+    },
+  );
+});
+
+describe("workerd, a stream of the user's", () => {
+  /** The application's stream; the leases live under `<prefix>.lease`. */
+  const STREAM = "WORKERD_ORDERS";
+  const PREFIX = "workerd-orders";
+  const LEASES = `${PREFIX}.lease`;
+  /** The worker of test_util/workerd_stream.ts, started by the first test. */
+  let smf: Miniflare | undefined;
+
+  after(async () => {
+    await smf?.dispose();
+  });
+
+  /** Every message on `subject` of the stream, in order. */
+  async function messagesOn(
+    subject: string,
+  ): Promise<{ seq: number; data: string }[]> {
+    const jsm = await jetstreamManager(nc);
+    const out: { seq: number; data: string }[] = [];
+    for (let seq = 1;;) {
+      // STREAM.MSG.GET's next_by_subj (nats.js's type leaves it out).
+      const m = await jsm.streams.getMessage(
+        STREAM,
+        { seq, next_by_subj: subject } as unknown as { seq: number },
+      );
+      if (m === null) return out;
+      out.push({ seq: m.seq, data: m.string() });
+      seq = m.seq + 1;
+    }
+  }
+
+  /**
+   * The stream's session subjects (`<LEASES>.s.<id>`), each with its last
+   * message's sequence, operation and value (the node, while it lives).
+   */
+  async function sessions(): Promise<
+    Map<string, { seq: number; op: string; node: string }>
+  > {
+    const jsm = await jetstreamManager(nc);
+    const si = await jsm.streams.info(STREAM, {
+      subjects_filter: `${LEASES}.s.>`,
+    });
+    const out = new Map<string, { seq: number; op: string; node: string }>();
+    for (const subject of Object.keys(si.state.subjects ?? {})) {
+      const m = await jsm.streams.getMessage(STREAM, {
+        last_by_subj: subject,
+      });
+      if (!m) continue;
+      out.set(subject, {
+        seq: m.seq,
+        op: m.header?.get("KV-Operation") || "PUT",
+        node: m.string(),
+      });
+    }
+    return out;
+  }
+
+  /** The names of the server's open connections from a worker request. */
+  async function workers(): Promise<string[]> {
+    const res = await fetch(`${ns.httpUrl}/connz?limit=1024`, {
+      signal: AbortSignal.timeout(WAIT),
+    });
+    const body = await res.json() as { connections?: { name?: string }[] };
+    return (body.connections ?? []).map((c) => c.name ?? "")
+      .filter((n) => n.startsWith("worker-"));
+  }
+
+  test(
+    "stateless requests and Node holders append under one lease with lease.publish: epochs never go down, and a cut-off holder's late append is refused by the server",
+    {
+      skip: NO_STREAM,
+    },
+    async () => {
+      const key = "orders";
+      const subject = `${PREFIX}.created`;
+      const streamPath = (appends: number) =>
+        `/stream/${key}?stream=${STREAM}&lease=${LEASES}&subject=${subject}&appends=${appends}`;
+      // The application's stream, made here: the library never creates or
+      // changes it (lease_stream_test.ts's goodConfig).
+      const jsm = await jetstreamManager(nc);
+      await jsm.streams.add(
+        {
+          name: STREAM,
+          subjects: [`${PREFIX}.>`],
+          allow_msg_ttl: true,
+          subject_delete_marker_ttl: 2_000_000_000,
+          allow_rollup_hdrs: true,
+          allow_direct: true,
+        } as Parameters<typeof jsm.streams.add>[0],
+      );
+      smf = await startWorker({
+        natsWsUrl: ns.wsUrl!,
+        ttl: TTL,
+        entry: new URL("./test_util/workerd_stream.ts", import.meta.url),
+        durableObjects: {},
+      });
+      const options = {
+        stream: STREAM,
+        leaseSubjects: LEASES,
+        ttl: TTL,
+      };
+      // This Node holder appends between the requests; a second one is cut
+      // off later, through a proxy that holds its frames.
+      const holder = await createLeaseManager({
+        nc,
+        node: "node-stream",
+        ...options,
+      });
+      await using proxy = await NatsProxy.start(ns.port);
+      const pnc = await conn(proxy.url);
+      const cutOff = await createLeaseManager({
+        nc: pnc,
+        node: "node-cut-off",
+        ...options,
+      });
+      try {
+        const before = await sessions();
+
+        // 1. Four requests (three appends each) and the Node holder (three
+        // tenures, two appends each, released after each) contend.
+        const requests = Array.from(
+          { length: 4 },
+          () => call<StreamRecord>(smf!, streamPath(3), "POST"),
+        );
+        type Append = {
+          node: string;
+          epoch: number;
+          value: string;
+          seq: number;
+        };
+        const nodeAppends: Append[] = [];
+        for (let i = 0; i < 3; i++) {
+          await holder.guard(key, async (lease) => {
+            for (let j = 0; j < 2; j++) {
+              const value = `${lease.node}:${lease.epoch}`;
+              const seq = await lease.publish(subject, value);
+              nodeAppends.push({
+                node: lease.node,
+                epoch: lease.epoch,
+                value,
+                seq,
+              });
+            }
+          }, { wait: true, signal: AbortSignal.timeout(WAIT) });
+          await holder.release(key);
+          await sleep(30);
+        }
+        const records = await Promise.all(requests);
+        const appends = [
+          ...records.flatMap((r) =>
+            r.appends.map((a) => ({ node: r.node, epoch: r.epoch, ...a }))
+          ),
+          ...nodeAppends,
+        ].sort((a, b) => a.seq - b.seq);
+        assert.equal(
+          appends.length,
+          18,
+          "twelve worker appends and six Node appends",
+        );
+        for (const a of appends) assert.equal(a.value, `${a.node}:${a.epoch}`);
+        for (let i = 1; i < appends.length; i++) {
+          const [a, b] = [appends[i - 1]!, appends[i]!];
+          assert.ok(b.seq > a.seq, `sequence ${b.seq} once`);
+          assert.ok(
+            b.epoch > a.epoch || (b.epoch === a.epoch && b.node === a.node),
+            `${b.value} appended at ${b.seq}, after ${a.value} at ${a.seq}`,
+          );
+        }
+        for (const r of records) {
+          assert.ok(
+            r.found === "fresh" || r.found === "released",
+            `${r.node} found the key ${r.found}`,
+          );
+        }
+        // The stream holds exactly these, as plain messages.
+        assert.deepEqual(
+          await messagesOn(subject),
+          appends.map((a) => ({ seq: a.seq, data: a.value })),
+        );
+        console.log(
+          "stream appends by sequence:",
+          appends.map((a) => `${a.seq}=${a.value}`).join(", "),
+        );
+        // Every request's session ended with its close(), and its
+        // connection is closed.
+        const mid = await sessions();
+        const ended = [...mid].filter(([s]) => !before.has(s));
+        assert.equal(ended.length, 4, "one session per request");
+        for (const [s, last] of ended) {
+          assert.equal(last.op, "DEL", `${s} deleted by its close()`);
+        }
+        assert.deepEqual(await workers(), [], "no worker connection is open");
+
+        // 2. The cut-off holder takes the key and appends; then its frames
+        // to the server are held: its renewals, its responder's answers and
+        // an append sent under the tenure it still believes current. A
+        // request waits for the key and takes it once that session expired.
+        const taken = await cutOff.guard(key, async (lease) => {
+          await lease.publish(subject, `${lease.node}:${lease.epoch}`);
+          return lease;
+        }, { wait: true, signal: AbortSignal.timeout(WAIT) });
+        let replyTo: string | undefined;
+        const answer = Promise.withResolvers<string>();
+        proxy.onFrame = (f: Frame, dir) => {
+          if (dir === "up" && f.subject === subject) {
+            replyTo = f.line.split(" ")[2];
+          } else if (dir === "down" && replyTo && f.subject === replyTo) {
+            answer.resolve(new TextDecoder().decode(f.bytes));
+          }
+        };
+        proxy.hold("up");
+        const heldAt = performance.now();
+        const late = taken.publish(subject, `${taken.node}:${taken.epoch}:late`)
+          .then(() => "stored", (err: Error) => `${err.name}: ${err.message}`);
+        const requested = call<StreamRecord>(smf, streamPath(1), "POST");
+        // While it waits, its connection is seen (by its name).
+        await sleep(300);
+        assert.equal((await workers()).length, 1, "the waiting request's");
+        const request = await requested;
+        const waited = performance.now() - heldAt;
+        console.log(
+          `the request took the cut-off holder's key ${
+            Math.round(waited)
+          } ms after its frames were held (TTL ${TTL} ms), found ${request.found}`,
+        );
+        assert.equal(request.found, "session-ended");
+        assert.ok(request.epoch > taken.epoch);
+        assert.ok(waited >= TTL / 2, `taken ${waited} ms after the hold`);
+        assert.ok(replyTo, "the late append was sent to the proxy");
+        proxy.release("up");
+        const refusal = (await answer.promise).trim();
+        assert.match(refusal, /wrong last sequence/, refusal);
+        console.log(
+          `the late append: the server answered ${
+            refusal.slice(refusal.indexOf("{"))
+          }; the holder saw ${await late}`,
+        );
+        assert.notEqual(await late, "stored");
+        // The subject ends with the cut-off holder's append under its
+        // tenure, then the request's: nothing late.
+        const all = await messagesOn(subject);
+        assert.deepEqual(all.slice(appends.length).map((m) => m.data), [
+          `${taken.node}:${taken.epoch}`,
+          request.appends[0]!.value,
+        ]);
+        assert.equal(all.at(-1)!.seq, request.appends[0]!.seq);
         assert.deepEqual(await workers(), [], "no worker connection is open");
       } finally {
         proxy.onFrame = undefined;
