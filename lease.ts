@@ -37,6 +37,7 @@ import {
   SETUP_ATTEMPT,
   SETUP_FIRST_ATTEMPT,
   whileLeaderless,
+  whileUnrouted,
 } from "./lease/_nats.ts";
 import { errText } from "./lease/errors.ts";
 import {
@@ -342,6 +343,14 @@ export async function createLeaseManager(
     o.fencedBucket ? "fenced" : o.markers,
   );
   if (proof.refuse === undefined && o.fencedBucket && proof.markers.life <= 0) {
+    // Told apart for the operator: an edit of the stream, or its servers.
+    if (!(existing?.markerTtl === undefined || existing.markerTtl >= 1000)) {
+      throw new RangeError(
+        `Cannot create lease manager on fenced bucket '${o.bucket}' as its stream has no subject delete markers (subject_delete_marker_ttl was removed): a session ends by its entry's expiry into a marker, so restore a marker TTL of ${
+          Math.ceil(o.ttl / 1000)
+        } s`,
+      );
+    }
     throw new RangeError(fencedServersRefusal(
       o.bucket,
       "not every server holding it could be proven to run 2.11.2 or later, with the bucket's markers",
@@ -360,20 +369,27 @@ export async function createLeaseManager(
     checkAPI: false,
   });
   if (o.signal?.aborted) throw abortReason(o.signal);
-  const port = natsPort(
-    nc,
-    js,
-    opsJsm,
-    `KV_${o.bucket}`,
-    direct,
-    created!,
-    o.ttl,
-    proof.markers,
-    { pending: proof.pending, casCheck },
-  );
+  const port = () =>
+    natsPort(
+      nc,
+      js,
+      opsJsm,
+      `KV_${o.bucket}`,
+      direct,
+      created!,
+      o.ttl,
+      proof.markers,
+      { pending: proof.pending, casCheck },
+    );
+  // A fenced manager's session is written now, and a bucket created just
+  // now may not be routed yet (see whileUnrouted).
   return o.fencedBucket
-    ? await fencedManagerOnPort(port, o)
-    : new Manager(port, o);
+    ? await whileUnrouted(
+      () => fencedManagerOnPort(port(), o),
+      setupDeadline,
+      o.signal,
+    )
+    : new Manager(port(), o);
 }
 
 function fencedServersRefusal(bucket: string, why: string): string {
@@ -390,6 +406,8 @@ async function bucketStatus(
     direct: boolean;
     created: string;
     metadata: Record<string, string> | undefined;
+    /** The subject delete marker TTL, ms (0: none). */
+    markerTtl: number;
   }
   | undefined
 > {
@@ -401,6 +419,8 @@ async function bucketStatus(
       replicas: si.config.num_replicas,
       direct: si.config.allow_direct === true,
       created: si.created,
+      markerTtl: ((si.config as { subject_delete_marker_ttl?: number })
+        .subject_delete_marker_ttl ?? 0) / 1e6,
     };
   } catch (err) {
     if (isStreamNotFound(err)) return undefined;

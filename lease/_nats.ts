@@ -94,6 +94,37 @@ export async function whileLeaderless<T>(
   }
 }
 
+/**
+ * `open()` asked again while it fails with "no responders", until
+ * `deadline`: just after a replicated stream is created, the server a
+ * client is on may not yet route its subjects to it, and a session's first
+ * write (which set-up sends) gets "no responders" (2 of 3 runs on an R3
+ * bucket here). Nothing of such a write is stored, so asking again is
+ * safe; each attempt opens a new session.
+ */
+export async function whileUnrouted<T>(
+  open: () => Promise<T>,
+  deadline: number,
+  signal: AbortSignal | undefined,
+): Promise<T> {
+  for (let pause = 50;; pause = Math.min(2 * pause, 1000)) {
+    try {
+      return await open();
+    } catch (err) {
+      if (!isNoResponders(err) || performance.now() + pause >= deadline) {
+        throw err;
+      }
+    }
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const wait = new Promise<void>((r) => timer = setTimeout(r, pause));
+    try {
+      await (signal ? raceAbort(wait, signal) : wait);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
 /** A write waiting for its reply in a {@linkcode ReplyInbox}. */
 
 export function isNoResponders(err: unknown): boolean {

@@ -729,9 +729,17 @@ class HeldLease implements Lease {
       res = await send({ subject: f.subject, seq: this.epoch });
     } catch (err) {
       if (err instanceof RangeError || err instanceof TypeError) throw err;
+      // An error the server answered with (a JetStream API error) is not
+      // a lost reply: nothing of the write was stored.
+      const answered = err instanceof Error &&
+        err.name === "JetStreamApiError";
       throw new UnavailableError(
         this.key,
-        `${what} got no answer (it may have been stored): ${errText(err)}`,
+        answered
+          ? `${what} was refused by the server, and nothing of it was stored: ${
+            errText(err)
+          }`
+          : `${what} got no answer (it may have been stored): ${errText(err)}`,
         { cause: err },
       );
     }

@@ -277,6 +277,9 @@ function fenceHeaders(fence: Fence): MsgHdrsImpl {
  * message, the commit's ack, or the conflict the fence met; throws any
  * other error the server sent.
  */
+/** nats-server's error code for a batch sent to a stream without `allow_atomic`. */
+const ATOMIC_DISABLED = 10174;
+
 function batchReply(msg: Msg): CommitResult | undefined {
   if (msg.data.length === 0) {
     const code = msg.headers?.code ?? 0;
@@ -588,7 +591,17 @@ export function natsPort(
         (r) => "seq" in r,
         (r) => "seq" in r,
         checkIdentity,
-      ).catch(failed);
+      ).catch((err) => {
+        // The stream's atomic batches are off (an edit, or a stream made
+        // without them): an answer, not a lost reply, and nothing stored.
+        if (err instanceof JetStreamApiError && err.code === ATOMIC_DISABLED) {
+          throw new TypeError(
+            `Cannot commit as stream '${stream}' has atomic batches turned off (allow_atomic): nothing was stored`,
+            { cause: err },
+          );
+        }
+        return failed(err);
+      });
     },
     async serve(subject) {
       // A plain subscription on this connection: the server drops it the

@@ -36,6 +36,7 @@ import {
   SETUP_ATTEMPT,
   SETUP_FIRST_ATTEMPT,
   whileLeaderless,
+  whileUnrouted,
 } from "./_nats.ts";
 import { errText } from "./errors.ts";
 import {
@@ -221,31 +222,46 @@ export async function streamManager(o: StreamSetup): Promise<Manager> {
     timeout: o.timeout,
     checkAPI: false,
   });
-  const port = natsPort(
-    nc,
-    jetstream(nc, { timeout: o.timeout }),
-    opsJsm,
+  const port = () => {
+    const p = natsPort(
+      nc,
+      jetstream(nc, { timeout: o.timeout }),
+      opsJsm,
+      o.stream,
+      info.config.allow_direct === true,
+      info.created,
+      o.ttl,
+      proof.markers,
+      { pending: proof.pending, casCheck },
+      true,
+    );
+    if (info.config.allow_atomic !== true) {
+      // Refused before anything of the batch is sent; the server would
+      // refuse it too (10174), after the first message.
+      p.commit = () =>
+        Promise.reject(
+          new TypeError(
+            `Cannot commit as stream '${o.stream}' has no 'allow_atomic' (nats-server 2.12 or later): set it on the stream to commit batches`,
+          ),
+        );
+    }
+    return p;
+  };
+  const subjects = streamLeaseSubjects(
     o.stream,
-    info.config.allow_direct === true,
-    info.created,
-    o.ttl,
-    proof.markers,
-    { pending: proof.pending, casCheck },
-    true,
+    o.leaseSubjects,
+    info.config.subjects ?? [],
   );
-  if (info.config.allow_atomic !== true) {
-    // Refused before anything of the batch is sent; the server would
-    // refuse it too (10174), after the first message.
-    port.commit = () =>
-      Promise.reject(
-        new TypeError(
-          `Cannot commit as stream '${o.stream}' has no 'allow_atomic' (nats-server 2.12 or later): set it on the stream to commit batches`,
-        ),
-      );
-  }
-  return await fencedManagerOnPort(
-    port,
-    { ...o, markerLife: proof.markers.life },
-    streamLeaseSubjects(o.stream, o.leaseSubjects, info.config.subjects ?? []),
+  // The session is written now: a stream created just now may not be
+  // routed yet (see whileUnrouted).
+  return await whileUnrouted(
+    () =>
+      fencedManagerOnPort(
+        port(),
+        { ...o, markerLife: proof.markers.life },
+        subjects,
+      ),
+    setupDeadline,
+    o.signal,
   );
 }
