@@ -1030,4 +1030,25 @@ export const MUTANTS: readonly Mutant[] = [
     name: "shards",
     what: "a shard lease's publish is not passed on: nothing is appended",
   },
+  {
+    id: "FS6",
+    file: "lease/stream.ts",
+    find: `  if (c.retention !== undefined && c.retention !== "limits") {`,
+    replace: `  if (false) {`,
+    test: "lease_stream_test.ts",
+    name: "cannot hold leases",
+    what:
+      "a work-queue stream is taken: a consumer's ack deletes a tenure entry, and another node takes the key from a live holder",
+  },
+  {
+    id: "FA8",
+    file: "lease/nats_port.ts",
+    find:
+      `        if (err instanceof JetStreamApiError && err.code === ATOMIC_DISABLED) {`,
+    replace: `        if (false) {`,
+    test: "lease_fenced_faults_test.ts",
+    name: "atomic batches turned off",
+    what:
+      "a commit the server refused for want of allow_atomic is reported as unanswered, 'it may have been stored', though nothing was",
+  },
 ];
