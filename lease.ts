@@ -46,6 +46,8 @@ import {
   describe,
   DOMAIN_RE,
   maxKeyLength,
+  maxStreamKeyLength,
+  STREAM_RE,
 } from "./lease/input.ts";
 import { Manager, type ManagerSettings } from "./lease/manager.ts";
 import {
@@ -509,9 +511,6 @@ function checkStreamOptions(options: LeaseManagerOptions): void {
   }
 }
 
-/** A stream name: nats-server refuses these characters in one. */
-const STREAM_RE = /^[^\s.*>/\\]+$/;
-
 function resolveOptions(options: LeaseManagerOptions): Resolved {
   if (typeof options !== "object" || options === null) {
     throw new TypeError(
@@ -566,16 +565,21 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
   }
   // Keys are refused past this length before anything is sent: a longer
   // one would get the connection closed by the server on its first request.
-  const maxKey = maxKeyLength(
-    // A stream's consumer subject names the stream and the tenure's
-    // subject where a bucket's names `KV_<bucket>` and `$KV.<bucket>.`.
-    stream === undefined ? bucket : "x".repeat(
-      Math.ceil((stream.length + options.leaseSubjects!.length + 3) / 2),
-    ),
-    domain === undefined ? "$JS.API" : `$JS.${domain}.API`,
+  const inboxPrefix =
     (nc as { options?: { inboxPrefix?: string } }).options?.inboxPrefix ||
-      undefined,
-  );
+    undefined;
+  const maxKey = stream === undefined
+    ? maxKeyLength(
+      bucket,
+      domain === undefined ? "$JS.API" : `$JS.${domain}.API`,
+      inboxPrefix,
+    )
+    : maxStreamKeyLength(
+      stream,
+      options.leaseSubjects!,
+      "$JS.API",
+      inboxPrefix,
+    );
   if (maxKey < 1) {
     throw new TypeError(
       `Cannot create lease manager as 'bucket' is too long: its subjects would leave no room for a key in nats-server's control line: received a name of ${bucket.length} characters`,

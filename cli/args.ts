@@ -10,6 +10,7 @@
 import process from "node:process";
 import * as os from "node:os";
 import { MAX_CONTROL_LINE, maxKeyLength, MIN_TTL } from "../lease.ts";
+import { maxStreamKeyLength, STREAM_RE } from "../lease/input.ts";
 import {
   LONGEST_SUFFIX as SEMAPHORE_SUFFIX,
   MAX_SEMAPHORE_LIMIT,
@@ -20,6 +21,7 @@ import {
   memberKey,
   shardKey,
 } from "../shards.ts";
+import { SUBJECT_RE } from "../lease/fenced.ts";
 import { EXIT } from "./exit.ts";
 
 /** How long `lease release` keeps trying while the holder keeps renewing. */
@@ -34,7 +36,8 @@ export type Sub =
   | "release"
   | "shards"
   | "put"
-  | "delete";
+  | "delete"
+  | "publish";
 /** The operators' subcommands, which the general usage lists first. */
 const SUBS: readonly Sub[] = [
   "run",
@@ -45,11 +48,19 @@ const SUBS: readonly Sub[] = [
   "shards",
 ];
 /**
- * The fenced writes of a command run by `lease run` on a fenced bucket
- * (cli/fenced.ts): they take their tenure from its environment.
+ * The fenced writes of a command run by `lease run`: `put` and `delete` on
+ * a fenced bucket (cli/fenced.ts), `publish` with `--stream`
+ * (cli/stream.ts). They take their tenure from its environment.
  */
-const TENURE_SUBS: readonly Sub[] = ["put", "delete"];
+const TENURE_SUBS: readonly Sub[] = ["put", "delete", "publish"];
 const ALL_SUBS: readonly Sub[] = [...SUBS, ...TENURE_SUBS];
+/** The subcommands that work on a bucket: all but `publish`. */
+const BUCKET_SUBS: readonly Sub[] = [...SUBS, "put", "delete"];
+/**
+ * The subcommands that take `--stream` and `--lease-subjects` (leases in a
+ * stream of the user's); `publish` reads them from the environment.
+ */
+const STREAM_SUBS: readonly Sub[] = ["run", "holder", "watch", "ls"];
 
 /** Whether `word` names a subcommand. */
 export function isSub(word: string | undefined): word is Sub {
@@ -78,23 +89,35 @@ const OPTIONS: readonly Opt[] = [
     flag: "--servers",
     arg: "URL",
     subs: ALL_SUBS,
-    text: "NATS server(s), comma-separated (default: $NATS_URL,\n" +
-      "then 127.0.0.1:4222; put and delete: $LEASE_SERVERS first)",
+    text: "NATS server(s), comma-separated (default: $NATS_URL, then\n" +
+      "127.0.0.1:4222; put, delete, publish: $LEASE_SERVERS first)",
   },
   {
     flag: "--bucket",
     arg: "NAME",
-    subs: ALL_SUBS,
+    subs: BUCKET_SUBS,
     text: "lease bucket (default: leases; put and delete: $LEASE_BUCKET,\n" +
-      "which it must match when given)",
+      "which it must match when given; not with --stream)",
   },
   {
     flag: "--domain",
     arg: "NAME",
-    subs: ALL_SUBS,
+    subs: BUCKET_SUBS,
     text: "JetStream domain of the bucket, for a client of a leaf node\n" +
       "whose bucket is in the hub's domain (default: the server's own;\n" +
-      "put and delete: $LEASE_DOMAIN)",
+      "put and delete: $LEASE_DOMAIN; not with --stream)",
+  },
+  {
+    flag: "--stream",
+    arg: "NAME",
+    subs: STREAM_SUBS,
+    text: "keep the leases in this stream of yours, not in a bucket",
+  },
+  {
+    flag: "--lease-subjects",
+    arg: "PREFIX",
+    subs: STREAM_SUBS,
+    text: "with --stream: their subject prefix (PREFIX.k.KEY, PREFIX.s.ID)",
   },
   {
     flag: "--node",
@@ -159,7 +182,7 @@ const OPTIONS: readonly Opt[] = [
   {
     flag: "--allow-unverified-replicas",
     subs: ["run", "holder", "watch", "shards"],
-    text: "skip the check of the bucket's servers' versions",
+    text: "skip the check of the bucket's (or stream's) servers' versions",
   },
   {
     flag: "--json",
@@ -253,7 +276,16 @@ the revision of KEY's tenure entry, and CMD may write data keys of the bucket
 with 'lease put KEY VALUE' and 'lease delete KEY': the server stores them only
 while this tenure lasts. A takeover needs no grace there: a crashed holder's
 key is taken within milliseconds. An eviction or takeover is seen within a
-third of the TTL, and CMD is then stopped.`,
+third of the TTL, and CMD is then stopped.
+
+With --stream NAME --lease-subjects PREFIX, the leases live in that stream of
+yours (fenced, as on a fenced bucket; nats-server 2.11.2 or later; the stream is
+never created or changed): KEY's tenure entry is PREFIX.k.KEY. --bucket,
+--domain and --fenced do not apply, and --ttl (1000 or more) is this run's own:
+give every run on the stream the same. CMD gets LEASE_STREAM and LEASE_SUBJECTS
+instead of LEASE_BUCKET and LEASE_DOMAIN, and may append to the stream with
+'lease publish SUBJECT DATA': the server stores an append only while this
+tenure lasts.`,
     notes:
       `Exit statuses of its own: ${EXIT.USAGE} bad arguments, ${EXIT.BAD_KEY} an invalid KEY (or one too
 long for the bucket), ${EXIT.BAD_DURATION} a bad duration, ${EXIT.NO_COMMAND} no command after --, ${EXIT.NO_SERVER} no server reachable, ${EXIT.UNAVAILABLE} no JetStream (or the server stopped
@@ -267,7 +299,8 @@ another N.`,
       `Prints the holder of KEY and its epoch ("none" when nobody holds it). A read:
 a hint that a lagging replica may serve late. On a fenced bucket, a tenure
 whose holder's session is over prints "none (orphaned: NODE epoch N)": the
-next node to ask takes it at once.`,
+next node to ask takes it at once. With --stream NAME --lease-subjects PREFIX,
+KEY's tenure entry in that stream (PREFIX.k.KEY), read in the same way.`,
   },
   watch: {
     summary: "print every change of holder",
@@ -278,7 +311,8 @@ whole bucket), one line per key first, then one per change of any of them,
 with why a key is free: "KEY: none (released|expired|removed)". Renewals are
 not changes. On a fenced bucket only the leases' tenure entries are followed
 (never the data keys or the sessions), and a tenure whose holder's session
-ended shows as "KEY: none (orphaned: NODE epoch N)".`,
+ended shows as "KEY: none (orphaned: NODE epoch N)". With --stream NAME
+--lease-subjects PREFIX, the same for the tenure entries in that stream.`,
   },
   ls: {
     summary: "list the keys, their holders and states",
@@ -294,7 +328,10 @@ are gone from the bucket and not listed. A read: hints.
 
 On a fenced bucket it lists the leases' tenure entries only (not the data
 keys, nor the sessions): RENEWED and EXPIRES IN are those of the holder's
-session, and a tenure whose session is over is "orphaned" (free to take).`,
+session, and a tenure whose session is over is "orphaned" (free to take).
+With --stream NAME --lease-subjects PREFIX, the same for the leases in that
+stream: the tenure entries under PREFIX.k., never the stream's other
+messages nor the sessions (PREFIX.s.).`,
   },
   shards: {
     summary: "print the members and each shard's owner",
@@ -335,6 +372,25 @@ the leases themselves and are refused.`,
 environment (no LEASE_EPOCH, a classic bucket), ${EXIT.BAD_KEY} an invalid KEY, ${EXIT.NO_SERVER} no server
 reachable, ${EXIT.UNAVAILABLE} no JetStream, no such bucket, or no answer (then it may be stored).`,
   },
+  publish: {
+    summary: "append DATA to SUBJECT, fenced by the tenure",
+    about:
+      `For a command run by 'lease run --stream NAME --lease-subjects PREFIX': appends
+DATA (or stdin, with -) to SUBJECT of the stream LEASE_STREAM, in one publish
+fenced by the tenure of LEASE_KEY at LEASE_EPOCH (its entry
+LEASE_SUBJECTS.k.LEASE_KEY), from a connection of its own, and prints the
+message's stream sequence. The server stores it only while that tenure lasts:
+once another node took LEASE_KEY (or the tenure was released or evicted), it
+refuses the append, nothing is stored, and publish exits ${EXIT.NOT_HOLDER}. Refused before
+anything is sent: a SUBJECT with wildcards or under LEASE_SUBJECTS (the leases
+themselves) and, after one stream-info request, one the stream's subjects do
+not cover.`,
+    notes:
+      `Exit statuses: 0 stored, ${EXIT.NOT_HOLDER} refused (the tenure is over), ${EXIT.USAGE} bad arguments or
+environment (no LEASE_STREAM or LEASE_EPOCH), ${EXIT.BAD_KEY} an invalid SUBJECT (a pattern,
+under LEASE_SUBJECTS, or not one of the stream's), ${EXIT.NO_SERVER} no server reachable,
+${EXIT.UNAVAILABLE} no JetStream, no such stream, or no answer (then it may be stored).`,
+  },
   delete: {
     summary: "delete KEY, fenced by the tenure",
     about:
@@ -361,6 +417,15 @@ function optionTable(opts: readonly Opt[]): string {
   ).join("\n");
 }
 
+/**
+ * Whether every subcommand on a bucket takes `o` (`publish`, on a stream,
+ * takes only `--servers` and `--help` of those): the general usage lists
+ * these once, and a brief synopsis leaves them out.
+ */
+function everywhere(o: Opt): boolean {
+  return BUCKET_SUBS.every((s) => o.subs.includes(s));
+}
+
 /** The options `lease watch` takes in place of KEY. */
 const ALT_FLAGS: readonly string[] = ["--prefix", "--all"];
 
@@ -373,7 +438,7 @@ function synopsis(sub: Sub, brief: boolean): string {
     o.subs.includes(sub) && o.flag !== "--help"
   );
   const optional = opts.filter((o) =>
-    !o.required && !(brief && o.subs.length === ALL_SUBS.length) &&
+    !o.required && !(brief && everywhere(o)) &&
     !(sub === "watch" && ALT_FLAGS.includes(o.flag))
   );
   // `watch` takes KEY, or --prefix or --all in its place; `ls` no KEY.
@@ -383,11 +448,11 @@ function synopsis(sub: Sub, brief: boolean): string {
     sub,
     ...(sub === "ls" ? [] : [
       [
-        sub === "shards" ? "GROUP" : "KEY",
+        sub === "shards" ? "GROUP" : sub === "publish" ? "SUBJECT" : "KEY",
         ...opts.filter(alt).map(optionWords),
       ].join("|"),
     ]),
-    ...(sub === "put" ? ["VALUE|-"] : []),
+    ...(sub === "put" ? ["VALUE|-"] : sub === "publish" ? ["DATA|-"] : []),
     ...opts.filter((o) => o.required).map(optionWords),
     ...(brief && optional.length > 1
       ? ["[options]"]
@@ -415,11 +480,12 @@ export function usage(sub: Sub | "", full: boolean): string {
       "",
       ...table(lines),
       "",
-      "In a command run by lease run on a fenced bucket:",
+      "In a command run by lease run on a fenced bucket (put, delete) or",
+      "with --stream (publish):",
       ...table(tenure),
       "",
-      "Options for every subcommand:",
-      optionTable(OPTIONS.filter((o) => o.subs.length === ALL_SUBS.length)),
+      "Options for every subcommand (publish: --servers and --help only):",
+      optionTable(OPTIONS.filter(everywhere)),
       "",
       "'lease <subcommand> --help' says more.",
     ].join("\n");
@@ -481,6 +547,15 @@ function tenureEnv(
   env: Record<string, string | undefined>,
   sub: string,
 ): TenureEnv {
+  if (!env.LEASE_BUCKET && env.LEASE_STREAM) {
+    // A tenure in a stream fences appends, not KV writes: no bucket to
+    // write to (and a stream's subjects are no KV keys).
+    throw new UsageError(
+      `lease ${sub} writes to a fenced bucket, but this command runs under lease run --stream (LEASE_STREAM is ${
+        JSON.stringify(env.LEASE_STREAM)
+      }), whose tenure fences appends to that stream: use lease publish SUBJECT DATA; nothing was sent`,
+    );
+  }
   const names = ["LEASE_BUCKET", "LEASE_KEY", "LEASE_EPOCH"] as const;
   const missing = names.filter((n) => !env[n]);
   if (missing.length > 0) {
@@ -492,6 +567,19 @@ function tenureEnv(
       } not set: run it inside such a command (lease run --fenced KEY -- sh -c 'lease ${sub} ...'); nothing was sent`,
     );
   }
+  const epoch = epochEnv(env);
+  if (!/^[-\w]+$/.test(env.LEASE_BUCKET!) || !KEY_RE.test(env.LEASE_KEY!)) {
+    throw new UsageError(
+      `LEASE_BUCKET and LEASE_KEY must name a bucket and a key: received ${
+        JSON.stringify(env.LEASE_BUCKET)
+      } and ${JSON.stringify(env.LEASE_KEY)}; nothing was sent`,
+    );
+  }
+  return { bucket: env.LEASE_BUCKET!, key: env.LEASE_KEY!, epoch };
+}
+
+/** LEASE_EPOCH, checked: the tenure entry's revision (from 1). */
+function epochEnv(env: Record<string, string | undefined>): number {
   const epoch = Number(env.LEASE_EPOCH);
   if (
     !/^\d+$/.test(env.LEASE_EPOCH!) || !Number.isSafeInteger(epoch) ||
@@ -503,14 +591,74 @@ function tenureEnv(
       }; nothing was sent`,
     );
   }
-  if (!/^[-\w]+$/.test(env.LEASE_BUCKET!) || !KEY_RE.test(env.LEASE_KEY!)) {
+  return epoch;
+}
+
+/**
+ * The tenure `lease publish` appends under: what `lease run --stream`
+ * gives its command (LEASE_STREAM, LEASE_SUBJECTS, LEASE_KEY, LEASE_EPOCH).
+ */
+export interface StreamTenureEnv {
+  /** LEASE_STREAM: the stream the leases live in. */
+  readonly stream: string;
+  /** LEASE_SUBJECTS: the subject prefix they live under. */
+  readonly leaseSubjects: string;
+  /** LEASE_KEY: the lease key (a slot's key under `-n`). */
+  readonly key: string;
+  /** LEASE_EPOCH: the stream sequence of the key's tenure entry. */
+  readonly epoch: number;
+}
+
+/**
+ * Reads LEASE_STREAM, LEASE_SUBJECTS, LEASE_KEY and LEASE_EPOCH for `lease
+ * publish`; throws a {@linkcode UsageError} naming what is missing or
+ * malformed (or, under a `lease run` on a bucket, what to use instead).
+ */
+function streamTenureEnv(
+  env: Record<string, string | undefined>,
+): StreamTenureEnv {
+  if (!env.LEASE_STREAM && env.LEASE_BUCKET) {
     throw new UsageError(
-      `LEASE_BUCKET and LEASE_KEY must name a bucket and a key: received ${
+      `lease publish appends to a stream, but this command runs under lease run on bucket ${
         JSON.stringify(env.LEASE_BUCKET)
-      } and ${JSON.stringify(env.LEASE_KEY)}; nothing was sent`,
+      } (LEASE_BUCKET), whose tenure fences writes to that bucket: use lease put KEY VALUE or lease delete KEY (on a fenced bucket), or run the command with lease run --stream NAME --lease-subjects PREFIX; nothing was sent`,
     );
   }
-  return { bucket: env.LEASE_BUCKET!, key: env.LEASE_KEY!, epoch };
+  const names = [
+    "LEASE_STREAM",
+    "LEASE_SUBJECTS",
+    "LEASE_KEY",
+    "LEASE_EPOCH",
+  ] as const;
+  const missing = names.filter((n) => !env[n]);
+  if (missing.length > 0) {
+    throw new UsageError(
+      `lease publish appends under the tenure of a command run by lease run --stream, and ${
+        missing.join(", ")
+      } ${
+        missing.length === 1 ? "is" : "are"
+      } not set: run it inside such a command (lease run --stream NAME --lease-subjects PREFIX KEY -- sh -c 'lease publish ...'); nothing was sent`,
+    );
+  }
+  const epoch = epochEnv(env);
+  if (
+    !STREAM_RE.test(env.LEASE_STREAM!) ||
+    !SUBJECT_RE.test(env.LEASE_SUBJECTS!) || !KEY_RE.test(env.LEASE_KEY!)
+  ) {
+    throw new UsageError(
+      `LEASE_STREAM, LEASE_SUBJECTS and LEASE_KEY must name a stream, a subject prefix and a key: received ${
+        JSON.stringify(env.LEASE_STREAM)
+      }, ${JSON.stringify(env.LEASE_SUBJECTS)} and ${
+        JSON.stringify(env.LEASE_KEY)
+      }; nothing was sent`,
+    );
+  }
+  return {
+    stream: env.LEASE_STREAM!,
+    leaseSubjects: env.LEASE_SUBJECTS!,
+    key: env.LEASE_KEY!,
+    epoch,
+  };
 }
 
 /** The command line, parsed: the subcommand, its KEY and its options. */
@@ -546,6 +694,14 @@ export interface Args {
   value?: string;
   /** `put` and `delete`: the tenure, from the environment. */
   tenure?: TenureEnv;
+  /** `--stream NAME`: the leases live in this stream of the user's. */
+  stream?: string;
+  /** `--lease-subjects PREFIX`: with `--stream`, where they live in it. */
+  leaseSubjects?: string;
+  /** `publish SUBJECT DATA`: the subject (DATA is `value`). */
+  subject?: string;
+  /** `publish`: the tenure in a stream, from the environment. */
+  streamTenure?: StreamTenureEnv;
 }
 
 function duration(
@@ -604,6 +760,112 @@ function tenureArgs(
     }
     a.domain = env.LEASE_DOMAIN;
   }
+}
+
+/**
+ * `publish`: the tenure in a stream from the environment, and the servers
+ * `lease run --stream` gave its command unless `--servers` is given.
+ */
+function streamTenureArgs(a: Args, given: string[]): void {
+  a.streamTenure = streamTenureEnv(process.env);
+  a.key = a.streamTenure.key;
+  if (!given.includes("--servers") && process.env.LEASE_SERVERS) {
+    a.servers = process.env.LEASE_SERVERS.split(",");
+  }
+}
+
+/** The options that say where the leases are in a bucket, not a stream. */
+const BUCKET_FLAGS: readonly string[] = ["--bucket", "--domain", "--fenced"];
+
+/**
+ * `--stream NAME --lease-subjects PREFIX`: both, and none of the options
+ * of a bucket (checked before anything connects).
+ */
+function streamArgs(
+  a: Args,
+  given: string[],
+  fail: (message: string, code?: number) => UsageError,
+): void {
+  if (a.stream === undefined) {
+    throw fail(
+      `--lease-subjects names where the leases live in a stream of yours: give the stream with --stream NAME`,
+    );
+  }
+  if (a.leaseSubjects === undefined) {
+    throw fail(
+      `--stream needs --lease-subjects PREFIX, the subject prefix the leases live under in stream '${a.stream}' (KEY's tenure entry is PREFIX.k.KEY)`,
+    );
+  }
+  const bucketFlag = BUCKET_FLAGS.find((f) => given.includes(f));
+  if (bucketFlag !== undefined) {
+    throw fail(
+      `${bucketFlag} does not apply with --stream: the leases live in stream '${a.stream}' under '${a.leaseSubjects}', not in a bucket, so omit ${bucketFlag}`,
+    );
+  }
+  // Fenced, as a fenced bucket is: a session's TTL is whole seconds.
+  if (a.ttl !== undefined && a.ttl < 1000) {
+    throw fail(
+      `--ttl must be at least 1000 ms for leases in a stream (a session's entry expires by a per-message TTL of whole seconds): received ${a.ttl}`,
+      EXIT.BAD_DURATION,
+    );
+  }
+}
+
+/**
+ * The longest SUBJECT of `lease publish`: its publish's control line
+ * (`HPUB <subject> <reply> <sizes>`) must fit the server's, with room for
+ * nats.js's reply inbox and the sizes.
+ */
+const MAX_PUBLISH_SUBJECT = MAX_CONTROL_LINE - 128;
+
+/**
+ * `publish SUBJECT DATA`: its words, and SUBJECT checked against what can
+ * be known before connecting (exit 65): a subject, not a pattern, outside
+ * LEASE_SUBJECTS, short enough for the server's control line.
+ */
+function publishWords(
+  a: Args,
+  rest: string[],
+  command: boolean,
+  fail: (message: string, code?: number) => UsageError,
+): Args {
+  if (rest.length !== 3) {
+    throw fail(
+      `lease publish needs SUBJECT and DATA (- reads DATA from stdin): received ${
+        rest.length - 1
+      } word${rest.length === 2 ? "" : "s"}`,
+    );
+  }
+  if (command) throw fail("lease publish takes no command");
+  const subject = rest[1]!;
+  const prefix = a.streamTenure!.leaseSubjects;
+  if (!SUBJECT_RE.test(subject)) {
+    throw fail(
+      `invalid subject ${
+        JSON.stringify(subject)
+      }: one subject to append to, non-empty '.'-separated tokens without whitespace, '*' or '>' (not a pattern); nothing was sent`,
+      EXIT.BAD_KEY,
+    );
+  }
+  if (subject === prefix || subject.startsWith(`${prefix}.`)) {
+    throw fail(
+      `invalid subject ${
+        JSON.stringify(subject)
+      }: subjects under '${prefix}' (LEASE_SUBJECTS) hold the leases themselves; nothing was sent`,
+      EXIT.BAD_KEY,
+    );
+  }
+  if (subject.length > MAX_PUBLISH_SUBJECT) {
+    throw fail(
+      `SUBJECT ${
+        JSON.stringify(subject.slice(0, 24))
+      }... is ${subject.length} characters long: at most ${MAX_PUBLISH_SUBJECT}, or the publish would overflow nats-server's ${MAX_CONTROL_LINE}-byte control line and the server would close the connection; nothing was sent`,
+      EXIT.BAD_KEY,
+    );
+  }
+  a.subject = subject;
+  a.value = rest[2]!;
+  return a;
 }
 
 /** Parses the command line; throws {@linkcode UsageError} on bad input. */
@@ -742,6 +1004,33 @@ export function parse(argv: string[]): Args {
         a.bucket = v;
         break;
       }
+      case "--stream": {
+        const v = text("a stream name");
+        if (!STREAM_RE.test(v)) {
+          throw fail(
+            `--stream needs a stream name (no whitespace, '.', '*', '>', '/' or '\\'): received ${
+              JSON.stringify(v)
+            }`,
+          );
+        }
+        a.stream = v;
+        break;
+      }
+      case "--lease-subjects": {
+        const v = text("a subject prefix");
+        if (!SUBJECT_RE.test(v)) {
+          const stem = /^(.*?)\.?[>*]$/.exec(v)?.[1];
+          throw fail(
+            `--lease-subjects needs the subject prefix the leases live under (e.g. orders.lease): non-empty '.'-separated tokens without whitespace, '*' or '>'${
+              stem !== undefined && SUBJECT_RE.test(stem)
+                ? ` (a prefix, not a pattern: --lease-subjects ${stem})`
+                : ""
+            }: received ${JSON.stringify(v)}`,
+          );
+        }
+        a.leaseSubjects = v;
+        break;
+      }
       case "--domain": {
         // One subject token: requests go to `$JS.<domain>.API.>`.
         const v = value();
@@ -820,6 +1109,14 @@ export function parse(argv: string[]): Args {
     );
   }
   const sub = a.sub;
+  if (
+    (sub === "release" || sub === "shards") &&
+    (given.includes("--stream") || given.includes("--lease-subjects"))
+  ) {
+    throw fail(
+      `lease ${sub} does not support leases in a stream (--stream) yet: run, holder, watch, ls and publish do`,
+    );
+  }
   const other = given.find((f) =>
     !OPTIONS.some((o) => o.flag === f && o.subs.includes(sub))
   );
@@ -828,13 +1125,19 @@ export function parse(argv: string[]): Args {
     throw fail("--resize changes the N of -n N: give -n too");
   }
   if (sub === "put" || sub === "delete") tenureArgs(a, given, fail);
+  if (sub === "publish") streamTenureArgs(a, given);
+  if (given.includes("--stream") || given.includes("--lease-subjects")) {
+    streamArgs(a, given, fail);
+  }
   // The longest key of the bucket (lease connects with nats.js's default
   // inbox prefix): a longer one would make the server close the connection
   // on its first request, so it is refused here, before connecting.
-  const room = maxKeyLength(
-    a.bucket,
-    a.domain === undefined ? "$JS.API" : `$JS.${a.domain}.API`,
-  );
+  const room = a.stream !== undefined && a.leaseSubjects !== undefined
+    ? maxStreamKeyLength(a.stream, a.leaseSubjects)
+    : maxKeyLength(
+      a.bucket,
+      a.domain === undefined ? "$JS.API" : `$JS.${a.domain}.API`,
+    );
   const tooLong = (
     what: string,
     v: string,
@@ -845,8 +1148,12 @@ export function parse(argv: string[]): Args {
     fail(
       `${what} ${
         JSON.stringify(v.slice(0, 24))
-      }... is ${v.length} characters long: at most ${max} on bucket '${a.bucket}'${
-        a.domain === undefined ? "" : ` in domain '${a.domain}'`
+      }... is ${v.length} characters long: at most ${max} ${
+        a.stream !== undefined
+          ? `in stream '${a.stream}' under '${a.leaseSubjects}'`
+          : `on bucket '${a.bucket}'${
+            a.domain === undefined ? "" : ` in domain '${a.domain}'`
+          }`
       }${why}, or a subject would overflow nats-server's ${MAX_CONTROL_LINE}-byte control line and the server would close the connection`,
       code,
     );
@@ -880,6 +1187,7 @@ export function parse(argv: string[]): Args {
     }
     return a;
   }
+  if (sub === "publish") return publishWords(a, rest, dash >= 0, fail);
   if (rest.length !== (sub === "put" ? 3 : 2)) {
     if (sub === "put") {
       throw fail(

@@ -70,6 +70,7 @@ export async function open(
     on?: { nc: NatsConnection; layout: Layout | undefined };
   },
 ): Promise<{ nc: NatsConnection; leases: LeaseManager; fenced: boolean }> {
+  if (a.stream !== undefined) return await openStream(a, opts);
   const nc = opts.on?.nc ?? await dial(a);
   let fenced: boolean;
   try {
@@ -99,6 +100,54 @@ export async function open(
     const why = await openFailure(nc, a, opts.createBucket, err);
     await nc.close().catch(() => {});
     throw why;
+  }
+}
+
+/**
+ * A connection and a lease manager over `--stream`'s leases under
+ * `--lease-subjects` (never creating or changing the stream); a refusal is
+ * thrown worded for the command line: a server before 2.11.2 (exit 69,
+ * before anything is sent), a missing stream or one that cannot hold
+ * leases (exit 69, naming each setting, as createLeaseManager does).
+ */
+async function openStream(
+  a: Args,
+  opts: { node?: string; on?: { nc: NatsConnection } },
+): Promise<{ nc: NatsConnection; leases: LeaseManager; fenced: boolean }> {
+  const nc = opts.on?.nc ?? await dial(a);
+  try {
+    const version = nc.info?.version ?? "";
+    if (!markersVersion(version)) {
+      throw new UnavailableError(
+        a.key,
+        `--stream: the leases cannot be kept in stream '${a.stream}' as the server runs nats-server ${
+          version || "of an unknown version"
+        }: leases in a stream need 2.11.2 or later (a check on another subject, and a per-message TTL that expires into a marker); nothing was sent`,
+      );
+    }
+    const leases = await createLeaseManager({
+      nc,
+      node: opts.node ?? a.node,
+      stream: a.stream!,
+      leaseSubjects: a.leaseSubjects!,
+      allowUnverifiedReplicas: a.allowUnverifiedReplicas,
+      ...(a.ttl === undefined ? {} : { ttl: a.ttl }),
+    });
+    return { nc, leases, fenced: true };
+  } catch (err) {
+    await nc.close().catch(() => {});
+    if (err instanceof UnavailableError) throw err;
+    // A TypeError: an option the command line let through (its own
+    // message names it); anything else, the stream's or its servers'.
+    if (err instanceof TypeError) throw new UsageError(err.message);
+    throw new UnavailableError(
+      a.key,
+      (err as Error).message.replace(
+        "pass allowUnverifiedReplicas: true",
+        "pass --allow-unverified-replicas",
+      ),
+      { cause: err },
+    );
   }
 }
 
@@ -237,9 +286,27 @@ async function openFailure(
   );
 }
 
-/** A bucket's refusal, worded for the command line. */
+/**
+ * The error of a subcommand whose stream (`--stream`, or LEASE_STREAM for
+ * `publish`) does not exist (exit 69).
+ */
+export function noStream(
+  a: Args,
+  stream: string = a.stream ?? "",
+): UnavailableError {
+  return new UnavailableError(
+    a.key,
+    `stream '${stream}' does not exist on ${
+      a.servers.join(",")
+    } (lease never creates or changes a stream of yours: create it with subjects covering the --lease-subjects prefix's '.>', allow_msg_ttl, a subject_delete_marker_ttl of 1 s or more and allow_rollup_hdrs): check --stream and --servers`,
+  );
+}
+
+/** A bucket's (or `--stream`'s) refusal, worded for the command line. */
 export function bucketFailure(a: Args, err: unknown): unknown {
-  if (isStreamNotFound(err)) return noBucket(a);
+  if (isStreamNotFound(err)) {
+    return a.stream !== undefined ? noStream(a) : noBucket(a);
+  }
   if (err instanceof JetStreamApiError) {
     return new UnavailableError(a.key, err.message, { cause: err });
   }

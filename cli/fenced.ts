@@ -74,8 +74,11 @@ export async function bucketLayout(
   }
 }
 
-/** Reads all of stdin: the value of `lease put KEY -`. */
-async function readStdin(): Promise<Uint8Array> {
+/**
+ * Reads all of stdin: the value of `lease put KEY -` (and the data of
+ * `lease publish SUBJECT -`).
+ */
+export async function readStdin(): Promise<Uint8Array> {
   const chunks: Uint8Array[] = [];
   for await (const c of process.stdin as AsyncIterable<Uint8Array | string>) {
     chunks.push(typeof c === "string" ? new TextEncoder().encode(c) : c);

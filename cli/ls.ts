@@ -15,6 +15,12 @@
  * tenure whose session is over is `orphaned`. Data keys (any other key of
  * the bucket) and session entries are never listed as leases.
  *
+ * Leases kept in a stream of the user's (`--stream NAME --lease-subjects
+ * PREFIX`, lease/stream.ts) are read the same way: their tenure entries
+ * are `PREFIX.k.<key>`, their sessions `PREFIX.s.<id>`, and the stream's
+ * other messages (the appends) are never listed. Such a stream records no
+ * lease TTL: a session's life is its entry's own `Nats-TTL`.
+ *
  * @module
  */
 
@@ -31,10 +37,23 @@ import {
   type JetStreamManager,
   jetstreamManager,
   type JsMsg,
+  type StreamInfo,
 } from "@nats-io/jetstream";
 import { rawEntry } from "../lease/_nats.ts";
 import { toSeen } from "../lease/entry.ts";
 import { fencedTtl, SESSION_PREFIX, TENURE_PREFIX } from "./fenced.ts";
+import { streamRefusal } from "./stream.ts";
+
+/** Leases kept in a stream of the user's: `--stream`, `--lease-subjects`. */
+export interface StreamPlace {
+  /** The stream. */
+  readonly stream: string;
+  /** The subject prefix the leases live under in it. */
+  readonly leaseSubjects: string;
+}
+
+/** Where the leases are: a bucket's name, or a stream of the user's. */
+export type Place = string | StreamPlace;
 
 /**
  * What a key's last entry says:
@@ -191,7 +210,20 @@ export function fencedRowOf(
     return { ...held, state: "orphaned", renewedAgoMs: age, expiresInMs: null };
   }
   const sessionAge = Math.max(0, now - session!.time);
-  const left = Math.round(Math.ceil(ttl / 1000) * 1000 - sessionAge);
+  // A stream records no lease TTL (ttl 0): the session entry's own says.
+  const life = ttl > 0
+    ? Math.ceil(ttl / 1000) * 1000
+    : messageTtl(session!.headers);
+  if (life === undefined) {
+    // Its expiry's marker will say when it is over.
+    return {
+      ...held,
+      state: "held",
+      renewedAgoMs: Math.round(sessionAge),
+      expiresInMs: null,
+    };
+  }
+  const left = Math.round(life - sessionAge);
   return {
     ...held,
     state: left > 0 ? "held" : "orphaned",
@@ -200,13 +232,35 @@ export function fencedRowOf(
   };
 }
 
+/**
+ * A message's own TTL in ms, from its `Nats-TTL` header (`2s`, or whole
+ * seconds); `undefined` when it has none that says one.
+ */
+export function messageTtl(headers: MsgHdrs | undefined): number | undefined {
+  const m = /^(\d+)(s|m|h)?$/.exec(headers?.get("Nats-TTL") ?? "");
+  if (m === null) return undefined;
+  const unit = m[2] === "h" ? 3_600_000 : m[2] === "m" ? 60_000 : 1_000;
+  const ms = Number(m[1]) * unit;
+  return ms > 0 ? ms : undefined;
+}
+
 /** The bucket's TTL, and the server's clock as far as it tells it. */
 export interface BucketView {
-  /** The stream of the bucket. */
+  /** The stream of the bucket (or the user's stream that holds the leases). */
   readonly stream: string;
+  /** What messages call it: `bucket 'NAME'` or `stream 'NAME'`. */
+  readonly name: string;
+  /**
+   * The subject prefix of the lease entries: `$KV.<bucket>.`, a fenced
+   * bucket's `$KV.<bucket>._lease.k.`, or a stream's `<leaseSubjects>.k.`.
+   */
+  readonly keys: string;
+  /** Fenced: the subject prefix of the sessions' entries. */
+  readonly sessions?: string;
   /**
    * The bucket's TTL in ms: its max age, or a fenced bucket's lease TTL
-   * from its metadata; 0 when it has none.
+   * from its metadata; 0 when it has none (a stream: each session's
+   * entry says its own).
    */
   readonly ttl: number;
   /** Whether the bucket is fenced (its stream metadata says so). */
@@ -232,19 +286,71 @@ export async function viewBucket(
   bucket: string,
 ): Promise<BucketView> {
   const stream = streamOf(bucket);
+  const { si, now } = await timedInfo(jsm, stream);
+  const fenced = fencedTtl(si.config.metadata);
+  return {
+    stream,
+    name: `bucket '${bucket}'`,
+    keys: `$KV.${bucket}.${fenced !== undefined ? TENURE_PREFIX : ""}`,
+    ...(fenced !== undefined
+      ? { sessions: `$KV.${bucket}.${SESSION_PREFIX}` }
+      : {}),
+    ttl: fenced ?? Math.round(si.config.max_age / 1_000_000),
+    fenced: fenced !== undefined,
+    now,
+  };
+}
+
+/**
+ * Reads a stream's info, and the server's clock from it: the time its
+ * answer was stamped with (servers 2.10 and later), moved on by the
+ * monotonic clock; else this machine's clock.
+ */
+async function timedInfo(
+  jsm: JetStreamManager,
+  stream: string,
+): Promise<{ si: StreamInfo; now: () => number }> {
   const t0 = performance.now();
   const si = await jsm.streams.info(stream);
   const t1 = performance.now();
   const ts = Date.parse((si as { ts?: string }).ts ?? "");
   // The server stamped its answer somewhere in the round trip: its middle.
   const offset = Number.isFinite(ts) ? ts - (t0 + t1) / 2 : undefined;
-  const fenced = fencedTtl(si.config.metadata);
   return {
-    stream,
-    ttl: fenced ?? Math.round(si.config.max_age / 1_000_000),
-    fenced: fenced !== undefined,
+    si,
     now: () => offset === undefined ? Date.now() : offset + performance.now(),
   };
+}
+
+/**
+ * Reads the info of a stream of the user's that holds leases: its
+ * subjects must cover the tenure entries (else a `UsageError` says so).
+ *
+ * @param jsm The JetStream manager.
+ * @param at The stream and the leases' subject prefix.
+ * @returns What `lease ls` needs of it.
+ * @throws {JetStreamApiError} The stream does not exist (`JetStreamApiCodes.StreamNotFound`), or another refusal.
+ */
+export async function viewStream(
+  jsm: JetStreamManager,
+  at: StreamPlace,
+): Promise<BucketView> {
+  const { si, now } = await timedInfo(jsm, at.stream);
+  streamRefusal(si.config, at.stream, at.leaseSubjects);
+  return {
+    stream: at.stream,
+    name: `stream '${at.stream}'`,
+    keys: `${at.leaseSubjects}.k.`,
+    sessions: `${at.leaseSubjects}.s.`,
+    ttl: 0,
+    fenced: true,
+    now,
+  };
+}
+
+/** The view of `at`: a bucket's, or a stream's. */
+function viewOf(jsm: JetStreamManager, at: Place): Promise<BucketView> {
+  return typeof at === "string" ? viewBucket(jsm, at) : viewStream(jsm, at);
 }
 
 function msgOf(m: JsMsg): StoredMsg {
@@ -271,21 +377,20 @@ interface Scope {
  * fenced bucket the filter of the sessions too.
  */
 function leaseSubjects(
-  bucket: string,
   view: BucketView,
   scope: Scope,
 ): { filter: string; skip: number; sessions?: string } {
-  const base = `$KV.${bucket}.${view.fenced ? TENURE_PREFIX : ""}`;
+  const base = view.keys;
   const filter = scope.exact
     ? `${base}${scope.prefix}`
     : scope.prefix === undefined
     ? `${base}>`
     : `${base}${scope.prefix}.>`;
-  return view.fenced
+  return view.sessions !== undefined
     ? {
       filter,
       skip: base.length,
-      sessions: `$KV.${bucket}.${SESSION_PREFIX}>`,
+      sessions: `${view.sessions}>`,
     }
     : { filter, skip: base.length };
 }
@@ -303,10 +408,11 @@ const STALL_MS = 5_000;
  * the same pass (see the module's description).
  *
  * @param nc The connection.
- * @param bucket The bucket.
+ * @param bucket The bucket, or the stream of the user's that holds the
+ *   leases.
  * @param prefix A valid key, or undefined for the whole bucket.
  * @param domain The JetStream domain of the bucket, or undefined for the
- *   connected server's own.
+ *   connected server's own (never with a stream).
  * @param exact List only the key `prefix` names (`lease holder` on a
  *   fenced bucket).
  * @returns The rows, sorted by key.
@@ -315,16 +421,16 @@ const STALL_MS = 5_000;
  */
 export async function listKeys(
   nc: NatsConnection,
-  bucket: string,
+  bucket: Place,
   prefix: string | undefined,
   domain?: string,
   exact = false,
 ): Promise<KeyRow[]> {
   const at = domain === undefined ? {} : { domain };
   const jsm = await jetstreamManager(nc, at);
-  const view = await viewBucket(jsm, bucket);
-  const where = leaseSubjects(bucket, view, { prefix, exact });
-  const last = await lastPerSubject(nc, jsm, view, where, at, bucket);
+  const view = await viewOf(jsm, bucket);
+  const where = leaseSubjects(view, { prefix, exact });
+  const last = await lastPerSubject(nc, jsm, view, where, at);
   // A key written while we read can be missed: the write removes the last
   // message the consumer was to deliver (history 1), and the server may
   // report nothing pending before it delivers the new one (seen on 2.9.10
@@ -354,7 +460,7 @@ export async function listKeys(
     }
     // A session the pass did not deliver (written while we read): read it.
     const id = sessionOf(m);
-    const sessionSubject = `$KV.${bucket}.${SESSION_PREFIX}${id}`;
+    const sessionSubject = `${view.sessions}${id}`;
     if (id !== undefined && !last.has(sessionSubject)) {
       await read(sessionSubject);
     }
@@ -407,7 +513,6 @@ async function lastPerSubject(
   view: BucketView,
   where: { filter: string; sessions?: string },
   at: { domain?: string },
-  bucket: string,
 ): Promise<Map<string, StoredMsg>> {
   const ci = await jsm.consumers.add(view.stream, {
     ack_policy: AckPolicy.None,
@@ -447,7 +552,7 @@ async function lastPerSubject(
       }
       if (stalled) {
         throw new Error(
-          `the server sent nothing for ${STALL_MS} ms while listing '${bucket}'`,
+          `the server sent nothing for ${STALL_MS} ms while listing ${view.name}`,
         );
       }
     }
@@ -488,10 +593,11 @@ export interface KeysWatch {
  * is not reported orphaned for a moment.
  *
  * @param nc The connection.
- * @param bucket The bucket.
+ * @param bucket The bucket, or the stream of the user's that holds the
+ *   leases.
  * @param prefix A valid key, or undefined for the whole bucket.
  * @param domain The JetStream domain of the bucket, or undefined for the
- *   connected server's own.
+ *   connected server's own (never with a stream).
  * @param onChange Called for each change.
  * @param exact Watch only the key `prefix` names (`lease watch KEY` on a
  *   fenced bucket).
@@ -500,7 +606,7 @@ export interface KeysWatch {
  */
 export async function watchKeys(
   nc: NatsConnection,
-  bucket: string,
+  bucket: Place,
   prefix: string | undefined,
   domain: string | undefined,
   onChange: (row: KeyRow) => void,
@@ -508,11 +614,11 @@ export async function watchKeys(
 ): Promise<KeysWatch> {
   const at = domain === undefined ? {} : { domain };
   const jsm = await jetstreamManager(nc, at);
-  const view = await viewBucket(jsm, bucket);
+  const view = await viewOf(jsm, bucket);
   const js = jetstream(nc, at);
-  const where = leaseSubjects(bucket, view, { prefix, exact });
+  const where = leaseSubjects(view, { prefix, exact });
   const keyBase = prefixOf(where);
-  const sessionBase = `$KV.${bucket}.${SESSION_PREFIX}`;
+  const sessionBase = view.sessions ?? "";
   /** Per key: who it is held by (see `whoOf`), the entry, its expiry timer. */
   const keys = new Map<
     string,

@@ -14,6 +14,7 @@ import { EXIT, say } from "./exit.ts";
 import { fencedWrite } from "./fenced.ts";
 import { release } from "./release.ts";
 import { run } from "./run.ts";
+import { streamPublish } from "./stream.ts";
 import { holder, ls, shardsView, watch, watchMany } from "./views.ts";
 
 /**
@@ -61,6 +62,8 @@ export async function main(argv: string[]): Promise<number> {
       case "put":
       case "delete":
         return await fencedWrite(a);
+      case "publish":
+        return await streamPublish(a);
       default:
         return await release(a);
     }

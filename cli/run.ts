@@ -58,6 +58,18 @@ function groupAlive(pid: number): boolean {
 }
 
 /**
+ * What `lease run` sets, or leaves unset, to say where its tenure is:
+ * never inherited from an outer `lease run`.
+ */
+const WHERE_VARS: readonly string[] = [
+  "LEASE_BUCKET",
+  "LEASE_DOMAIN",
+  "LEASE_STREAM",
+  "LEASE_SUBJECTS",
+  "LEASE_SLOT",
+];
+
+/**
  * How long to wait for the watchdog's "stopping" after the command ended by
  * a signal we did not send: its line is written before its signal.
  */
@@ -279,6 +291,12 @@ export async function run(a: Args): Promise<number> {
   const onTerm = () => onSignal("SIGTERM");
   process.on("SIGINT", onInt);
   process.on("SIGTERM", onTerm);
+  // The command's environment, but for what an outer `lease run` gave
+  // ours and this one may not set: its bucket or stream (and domain,
+  // slot) would have `lease put` or `lease publish` in the command write
+  // there under this tenure's epoch, which means nothing in it.
+  const inherited: Record<string, string | undefined> = { ...process.env };
+  for (const k of WHERE_VARS) delete inherited[k];
   // Until the command starts, say who it waits for.
   const untilStarted = new AbortController();
   const reported = a.limit === undefined
@@ -325,14 +343,18 @@ export async function run(a: Args): Promise<number> {
         stdio: "inherit",
         detached: true, // a process group of its own, to stop as a whole
         env: {
-          ...process.env,
+          ...inherited,
           LEASE_KEY: lease.key,
           LEASE_NODE: a.node,
           LEASE_EPOCH: String(lease.epoch),
           LEASE_TENURE: lease.tenure,
-          // Where the tenure is: what `lease put` and `lease delete` in
-          // the command need to write under it (cli/fenced.ts).
-          LEASE_BUCKET: a.bucket,
+          // Where the tenure is: what `lease put` and `lease delete`
+          // (cli/fenced.ts), or with --stream `lease publish`
+          // (cli/stream.ts), in the command need to write under it.
+          ...(a.stream === undefined ? { LEASE_BUCKET: a.bucket } : {
+            LEASE_STREAM: a.stream,
+            LEASE_SUBJECTS: a.leaseSubjects!,
+          }),
           LEASE_SERVERS: a.servers.join(","),
           ...(a.domain === undefined ? {} : { LEASE_DOMAIN: a.domain }),
           ...(lease.slot === undefined
@@ -501,6 +523,9 @@ export async function run(a: Args): Promise<number> {
               lease.signal.reason,
               performance.now() < vouched,
               leases.ttl,
+              a.stream === undefined
+                ? "an eviction with lease release --node, or the bucket was purged"
+                : `its tenure subject was purged from stream '${a.stream}'`,
             )
           }; ${
             frozen
@@ -717,14 +742,18 @@ async function graceLeft(
  * deadline, so its entry was still there unless something removed it (an
  * entry expires at the earliest at the holder's deadline).
  */
-function whyLost(reason: unknown, early: boolean, ttl: number): string {
+function whyLost(
+  reason: unknown,
+  early: boolean,
+  ttl: number,
+  /** How an entry is deleted, where it lives. */
+  deleted: string,
+): string {
   if (reason instanceof NotHolderError && reason.holder !== undefined) {
     return `it is now held by ${reason.holder}: its entry was written over, or deleted and then taken`;
   }
   if (reason instanceof NotHolderError) {
-    return `its entry was deleted (an eviction with lease release --node, or the bucket was purged)${
-      early ? "" : " or expired"
-    }`;
+    return `its entry was deleted (${deleted})${early ? "" : " or expired"}`;
   }
   if (reason instanceof UnavailableError && !early) {
     return `no renewal was confirmed within the TTL (${ttl} ms): the server was unreachable or slow, or lease was paused`;

@@ -4,14 +4,21 @@
  * writes to the bucket. On a fenced bucket `holder` and `watch` read the
  * tenure and session entries themselves (cli/ls.ts) rather than through a
  * lease manager, which would open a session there: a write. (`shards`
- * still does, through the manager.)
+ * still does, through the manager.) Leases kept in a stream of the user's
+ * (`--stream`, `--lease-subjects`) are read as a fenced bucket's are.
  *
  * @module
  */
 
 import process from "node:process";
 import type { NatsConnection } from "@nats-io/nats-core";
-import { type KeyRow, type KeysWatch, listKeys, watchKeys } from "./ls.ts";
+import {
+  type KeyRow,
+  type KeysWatch,
+  listKeys,
+  type Place,
+  watchKeys,
+} from "./ls.ts";
 import { UnavailableError } from "../lease.ts";
 import { assignShards, memberKey, shardKey } from "../shards.ts";
 import type { Args } from "./args.ts";
@@ -47,13 +54,22 @@ function tenureLine(a: Args, row: KeyRow | undefined): string {
 /**
  * A connection, and the bucket's layout read on it (one stream-info
  * request; undefined when it cannot be read, and the manager's set-up
- * then says why).
+ * then says why). With `--stream`, no bucket to read: the leases in it
+ * are fenced.
  */
 async function connectLayout(
   a: Args,
 ): Promise<{ nc: NatsConnection; layout: Layout | undefined }> {
   const nc = await dial(a);
+  if (a.stream !== undefined) return { nc, layout: { fenced: true, ttl: 0 } };
   return { nc, layout: await bucketLayout(nc, a).catch(() => undefined) };
+}
+
+/** Where the leases are: `--stream` under `--lease-subjects`, or `--bucket`. */
+function placeOf(a: Args): Place {
+  return a.stream !== undefined
+    ? { stream: a.stream, leaseSubjects: a.leaseSubjects! }
+    : a.bucket;
 }
 
 /** The one tenure row of KEY on a fenced bucket (undefined: no entry). */
@@ -62,7 +78,7 @@ async function tenureRow(
   a: Args,
 ): Promise<KeyRow | undefined> {
   try {
-    return (await listKeys(nc, a.bucket, a.key, a.domain, true))[0];
+    return (await listKeys(nc, placeOf(a), a.key, a.domain, true))[0];
   } catch (err) {
     throw bucketFailure(a, err);
   }
@@ -156,7 +172,7 @@ export async function ls(a: Args): Promise<number> {
   try {
     let rows: KeyRow[];
     try {
-      rows = await listKeys(nc, a.bucket, a.prefix, a.domain);
+      rows = await listKeys(nc, placeOf(a), a.prefix, a.domain);
     } catch (err) {
       throw bucketFailure(a, err);
     }
@@ -248,7 +264,7 @@ async function follow(
     try {
       w = await watchKeys(
         nc,
-        a.bucket,
+        placeOf(a),
         exact ? a.key : a.prefix,
         a.domain,
         show,
@@ -272,7 +288,11 @@ async function follow(
     if (ended !== undefined) {
       throw new UnavailableError(
         a.key,
-        `bucket '${a.bucket}' was deleted: the watch ended (${ended.message})`,
+        `${
+          a.stream !== undefined
+            ? `stream '${a.stream}'`
+            : `bucket '${a.bucket}'`
+        } was deleted: the watch ended (${ended.message})`,
         { cause: ended },
       );
     }

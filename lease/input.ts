@@ -6,6 +6,8 @@ import { KEY_RE } from "./entry.ts";
 export const BUCKET_RE: RegExp = /^[-\w]+$/;
 /** A JetStream domain: one subject token. */
 export const DOMAIN_RE: RegExp = /^[^\s.*>]+$/;
+/** A stream name: nats-server refuses these characters in one. */
+export const STREAM_RE: RegExp = /^[^\s.*>/\\]+$/;
 
 export function describe(value: unknown): string {
   if (typeof value === "string") return JSON.stringify(value);
@@ -69,6 +71,31 @@ export function maxKeyLength(
 ): number {
   return MAX_CONTROL_LINE - WATCH_OVERHEAD - apiPrefix.length -
     inboxPrefix.length - 2 * bucket.length;
+}
+
+/**
+ * The longest key a lease manager takes on the leases kept in `stream`
+ * under `leaseSubjects` (the stream layout): a watch's consumer subject
+ * names the stream and the tenure's subject (`<leaseSubjects>.k.<key>`)
+ * where a bucket's names `KV_<bucket>` and `$KV.<bucket>.`, so as a bucket
+ * whose name is half as long as both together (at least as long as it is).
+ *
+ * @param stream The stream's name.
+ * @param leaseSubjects The prefix the leases live under.
+ * @param apiPrefix The JetStream API prefix, as {@linkcode maxKeyLength}.
+ * @param inboxPrefix The connection's inbox prefix.
+ */
+export function maxStreamKeyLength(
+  stream: string,
+  leaseSubjects: string,
+  apiPrefix: string = "$JS.API",
+  inboxPrefix: string = "_INBOX",
+): number {
+  return maxKeyLength(
+    "x".repeat(Math.ceil((stream.length + leaseSubjects.length + 3) / 2)),
+    apiPrefix,
+    inboxPrefix,
+  );
 }
 
 /** A long value as a message shows it: its start, and its length. */
