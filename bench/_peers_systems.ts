@@ -20,6 +20,11 @@
  * - Redis: `lock.extend()`, the only confirmation Redlock offers before a
  *   write, then `SET`: there is no token.
  *
+ * Beside each, `openFloor` gives the least its server must be asked to take
+ * a free key and give it up (row 3b), through the system's plain client
+ * with no lock library: two requests, each awaited, that create a key only
+ * if it is absent and then delete it.
+ *
  * @module
  */
 
@@ -118,6 +123,13 @@ export async function openPeer(
   return await openOurs(ep.nats, node, check);
 }
 
+/** The bucket ours keeps its lease keys in on `system`, for a TTL. */
+export function bucketOf(system: SystemName, ttl: number): string {
+  return system === "nats-fenced" || system === "nats-fenced-always"
+    ? `peers_fenced_${ttl}`
+    : `peers_${ttl}`;
+}
+
 // ---------------------------------------------------------------------------
 // Ours.
 
@@ -136,7 +148,7 @@ async function openOurs(
       m = await createLeaseManager({
         nc,
         node,
-        bucket: `peers_${ttl}`,
+        bucket: bucketOf("nats", ttl),
         ttl,
         check,
         restartGrace: false,
@@ -188,14 +200,13 @@ async function openFenced(
   const nc: NatsConnection = await connect({ servers: url });
   const js = jetstream(nc);
   const byTtl = new Map<number, LeaseManager>();
-  const bucketOf = (ttl: number): string => `peers_fenced_${ttl}`;
   const manager = async (ttl: number): Promise<LeaseManager> => {
     let m = byTtl.get(ttl);
     if (m === undefined) {
       m = await createLeaseManager({
         nc,
         node,
-        bucket: bucketOf(ttl),
+        bucket: bucketOf("nats-fenced", ttl),
         ttl,
         check,
         fenced: true,
@@ -219,7 +230,7 @@ async function openFenced(
       return true;
     },
     async sendFenced(value) {
-      const bucket = bucketOf(ttl);
+      const bucket = bucketOf("nats-fenced", ttl);
       const h = headers();
       h.set("Nats-Expected-Last-Subject-Sequence", String(token));
       h.set(
@@ -256,7 +267,7 @@ async function openFenced(
     },
     async stored(key, ttl) {
       await manager(ttl);
-      const kv = await new Kvm(nc).open(bucketOf(ttl));
+      const kv = await new Kvm(nc).open(bucketOf("nats-fenced", ttl));
       return (await kv.get(`data.${key}`))?.string();
     },
     async close() {
@@ -403,6 +414,152 @@ function openRedis(url: string): Peer {
     },
     async close() {
       await redis.quit();
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Row 3b: the server's floor.
+
+/**
+ * The least a system's server is asked to take a free key and give it up,
+ * through its plain client, no lock library: two requests, each awaited.
+ */
+export interface Floor {
+  /** What the two requests are. */
+  readonly what: string;
+  /**
+   * Creates `key` (refused if it has an entry), then deletes it; resolves
+   * with the milliseconds of each request.
+   */
+  createDelete(key: string): Promise<[number, number]>;
+  /**
+   * NATS only: the same two messages with their acks on one shared reply
+   * subscription, matched by a counter, as the lease's port sends its
+   * writes (without `js.publish`'s per-request `Error`s, timer and parsed
+   * ack); resolves with the milliseconds of both.
+   */
+  createDeleteLean?(key: string): Promise<number>;
+  /** What `ping` is. */
+  readonly pingWhat: string;
+  /** One round trip to the server that stores nothing. */
+  ping(): Promise<void>;
+  close(): Promise<void>;
+}
+
+const timed = async (f: () => Promise<unknown>): Promise<number> => {
+  const t = performance.now();
+  await f();
+  return performance.now() - t;
+};
+
+/**
+ * Opens `system`'s floor. On NATS it writes to fresh subjects of the stream
+ * of the bucket ours uses for `ttl` (`bucketOf`), which must exist.
+ */
+export async function openFloor(
+  system: SystemName,
+  ep: Endpoints,
+  ttl: number,
+): Promise<Floor> {
+  if (system === "etcd") {
+    const client = new Etcd3({ hosts: ep.etcd });
+    return {
+      what: "etcd3 put, then delete",
+      async createDelete(key) {
+        return [
+          await timed(() => client.put(`floor.${key}`).value("x").exec()),
+          await timed(() => client.delete().key(`floor.${key}`).exec()),
+        ];
+      },
+      // A member-local read of a key that is never written: no consensus,
+      // no disk.
+      pingWhat: "etcd3 serializable get of an absent key",
+      ping: () =>
+        client.get("floor.none").serializable(true).exec().then(() => {}),
+      close: () => Promise.resolve(client.close()),
+    };
+  }
+  if (system === "redis" || system === "redis-always") {
+    const redis = new Redis(ep.redis);
+    return {
+      what: "ioredis SET key val NX PX 5000, then DEL key",
+      async createDelete(key) {
+        let set: unknown;
+        const t1 = await timed(async () =>
+          set = await redis.set(`floor.${key}`, "x", "PX", 5000, "NX")
+        );
+        if (set !== "OK") throw new Error(`SET NX of floor.${key}: ${set}`);
+        return [t1, await timed(() => redis.del(`floor.${key}`))];
+      },
+      pingWhat: "ioredis PING",
+      ping: () => redis.ping().then(() => {}),
+      async close() {
+        await redis.quit();
+      },
+    };
+  }
+  const nc: NatsConnection = await connect({ servers: ep.nats });
+  const js = jetstream(nc);
+  const prefix = `$KV.${bucketOf(system, ttl)}.floor.`;
+  const del = headers();
+  del.set("KV-Operation", "DEL");
+  const empty = new Uint8Array();
+  const body = new TextEncoder().encode("x");
+  // Acks on one wildcard subscription, matched by a counter.
+  const inbox = `_INBOX.${crypto.randomUUID().replaceAll("-", "")}.`;
+  const pending = new Map<string, (data: Uint8Array) => void>();
+  const dec = new TextDecoder();
+  const sub = nc.subscribe(`${inbox}*`, {
+    callback: (err, msg) => {
+      if (err !== null) return;
+      const k = msg.subject.slice(inbox.length);
+      const done = pending.get(k);
+      pending.delete(k);
+      done?.(msg.data);
+    },
+  });
+  let n = 0;
+  const leanPublish = (
+    subject: string,
+    data: Uint8Array,
+    h: ReturnType<typeof headers>,
+  ): Promise<void> =>
+    new Promise((resolve, reject) => {
+      const k = (++n).toString(36);
+      pending.set(k, (ack) => {
+        const text = dec.decode(ack);
+        if (ack.length === 0 || text.includes('"error"')) {
+          reject(new Error(`publish to ${subject}: ${text}`));
+        } else resolve();
+      });
+      nc.publish(subject, data, { reply: inbox + k, headers: h });
+    });
+  const create = headers();
+  create.set("Nats-Expected-Last-Subject-Sequence", "0");
+  return {
+    what:
+      "js.publish expecting last subject sequence 0, then js.publish with KV-Operation: DEL",
+    async createDelete(key) {
+      return [
+        await timed(() =>
+          js.publish(prefix + key, body, {
+            expect: { lastSubjectSequence: 0 },
+          })
+        ),
+        await timed(() => js.publish(prefix + key, empty, { headers: del })),
+      ];
+    },
+    createDeleteLean: (key) =>
+      timed(async () => {
+        await leanPublish(`${prefix}lean.${key}`, body, create);
+        await leanPublish(`${prefix}lean.${key}`, empty, del);
+      }),
+    pingWhat: "nc.flush() (PING, PONG)",
+    ping: () => nc.flush(),
+    async close() {
+      sub.unsubscribe();
+      await nc.close();
     },
   };
 }

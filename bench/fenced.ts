@@ -8,7 +8,10 @@
  * - an atomic commit of 10 fenced puts (2.12+), against 10 bare publishes
  *   sent at once;
  * - taking and releasing a free key (a guard and `release`): on the
- *   fenced layout, and on the classic one in the same run;
+ *   fenced layout, on the classic one, and the server's floor for it, in
+ *   the same rounds: two bare `js.publish`es, each awaited, to a fresh
+ *   subject of the fenced bucket's stream (the first expecting no entry,
+ *   the second a KV delete marker, `KV-Operation: DEL`);
  * - throughput: 64 writers over 256 held keys, each write a fenced put by
  *   the key's held lease (and, as a second figure, a lease-checked guard
  *   whose write is that put), against 64 writers each sending one bare
@@ -194,6 +197,9 @@ async function main(): Promise<void> {
     const commit10: number[] = [];
     const freeFenced: number[] = [];
     const freeClassic: number[] = [];
+    const freeBare: number[] = [];
+    const del = headers();
+    del.set("KV-Operation", "DEL");
     // One held lease for the bare fenced puts.
     let lease!: Lease;
     let done!: () => void;
@@ -256,16 +262,30 @@ async function main(): Promise<void> {
       }
     }
     await m.release("k");
+    // The three in turn, the order turned each round.
     for (let i = 0; i < rounds; i++) {
       const key = `free${i}`;
-      await time(freeFenced, async () => {
-        await m.guard(key, () => {});
-        await m.release(key);
-      });
-      await time(freeClassic, async () => {
-        await classic.guard(key, () => {});
-        await classic.release(key);
-      });
+      const steps = [
+        () =>
+          time(freeFenced, async () => {
+            await m.guard(key, () => {});
+            await m.release(key);
+          }),
+        () =>
+          time(freeClassic, async () => {
+            await classic.guard(key, () => {});
+            await classic.release(key);
+          }),
+        () =>
+          time(freeBare, async () => {
+            const subject = `$KV.bench_fenced.d.${key}`;
+            await js.publish(subject, body, {
+              expect: { lastSubjectSequence: 0 },
+            });
+            await js.publish(subject, undefined, { headers: del });
+          }),
+      ];
+      for (let j = 0; j < steps.length; j++) await steps[(i + j) % 3]!();
     }
     // Throughput: 256 keys held by one guard each, whose leases the writers
     // use; the bare writers publish to the same stream's data subjects.
@@ -357,37 +377,51 @@ async function main(): Promise<void> {
       tp.guarded.map((x, i) => x / guardedBare[i]!),
     );
     const ms = (x: number) => `${(x * 1000).toFixed(0)} µs`;
-    const rows: [string, number, number][] = [
-      ["fenced put by a held lease", p50(put), p50(bare)],
-      ["lease-checked guard + fenced put", p50(guarded), p50(bare)],
+    const floor = "two bare js.publish, create then delete";
+    const rows: [string, number, string, number][] = [
+      ["fenced put by a held lease", p50(put), "bare js.publish", p50(bare)],
+      [
+        "lease-checked guard + fenced put",
+        p50(guarded),
+        "bare js.publish",
+        p50(bare),
+      ],
       ...(atomic
         ? [[
           "guard + atomic commit of 10",
           p50(commit10),
+          "10 bare publishes at once",
           p50(bare10),
-        ] as [string, number, number]]
+        ] as [string, number, string, number]]
         : []),
       [
         "free key: guard + release, fenced",
         p50(freeFenced),
+        "the same on the classic layout",
         p50(freeClassic),
+      ],
+      [
+        "free key: guard + release, fenced",
+        p50(freeFenced),
+        floor,
+        p50(freeBare),
+      ],
+      [
+        "free key: guard + release, classic",
+        p50(freeClassic),
+        floor,
+        p50(freeBare),
       ],
     ];
     console.log("| operation | p50 | against | its p50 | ratio |");
     console.log("| --- | --- | --- | --- | --- |");
-    const against = [
-      "bare js.publish",
-      "bare js.publish",
-      "10 bare publishes at once",
-      "the same on the classic layout",
-    ];
-    rows.forEach(([what, a, b], i) =>
+    for (const [what, a, against, b] of rows) {
       console.log(
-        `| ${what} | ${ms(a)} | ${against[atomic ? i : i === 2 ? 3 : i]} | ${
-          ms(b)
-        } | ${(a / b).toFixed(2)}× |`,
-      )
-    );
+        `| ${what} | ${ms(a)} | ${against} | ${ms(b)} | ${
+          (a / b).toFixed(2)
+        }× |`,
+      );
+    }
     const rate = (x: number) => `${Math.round(x).toLocaleString("en-US")}/s`;
     const span = (xs: number[]) =>
       xs.length < 2
@@ -453,6 +487,7 @@ async function main(): Promise<void> {
         commit10: atomic ? p50(commit10) : null,
         freeFenced: p50(freeFenced),
         freeClassic: p50(freeClassic),
+        freeBare: p50(freeBare),
       },
       throughput: {
         writers: WRITERS,

@@ -17,12 +17,16 @@
  *
  * Rows: (1) guarded-write latency, one writer, held key; (2) throughput, 64
  * writers over 256 held keys; (3) acquire and release of a free key, time and
- * requests; (4) failover after SIGKILL of the holder at TTL 5 s, and after
- * SIGSTOP (row 6's pause, from the stop to the successor's write); (5) clean
- * handover; (6) a holder paused 2 TTL between its check and its write. On a
- * fenced bucket row 6 also sends, once the holder wakes, the message its put
- * would send (the fence's headers at its epoch) by a bare publish, past the
- * lease's own check: what the server does with a late fenced write.
+ * requests, and (3b) the server's floor beside it, in the same loop: two bare
+ * requests through the system's plain client, no lock library, that create
+ * a fresh key only if it is absent and delete it (`openFloor` in
+ * `_peers_systems.ts`), and a round trip that stores nothing; (4) failover
+ * after SIGKILL of the holder at TTL 5 s, and after SIGSTOP (row 6's pause,
+ * from the stop to the successor's write); (5) clean handover; (6) a holder
+ * paused 2 TTL between its check and its write. On a fenced bucket row 6
+ * also sends, once the holder wakes, the message its put would send (the
+ * fence's headers at its epoch) by a bare publish, past the lease's own
+ * check: what the server does with a late fenced write.
  *
  * ```sh
  * bash bench/peers.sh [--smoke]          # setup, then this under Node 24
@@ -30,9 +34,10 @@
  * node_modules/.bin/deno run -A bench/peers.ts
  * ```
  *
- * Prints two Markdown tables to stdout (every row against ours with
- * `check: "cas"`; then ours with fsync, classic and fenced, against etcd)
- * and progress to stderr; writes the report as JSON to
+ * Prints three Markdown tables to stdout (every row against ours with
+ * `check: "cas"`; ours with fsync, classic and fenced, against etcd; row 3
+ * against each server's floor and against Redlock's row 3) and progress to
+ * stderr; writes the report as JSON to
  * `bench-results/peers-<runtime>.json` (or `--out`).
  *
  * @module
@@ -49,7 +54,9 @@ import { fileURLToPath } from "node:url";
 import { canConnect, NatsServer } from "../test_util/nats_server.ts";
 import {
   type Endpoints,
+  type Floor,
   type Held,
+  openFloor,
   openPeer,
   type Peer,
   type SystemName,
@@ -164,6 +171,18 @@ export interface RunFigures {
   opsPerSec?: number;
   acquireReleaseMs?: number;
   requestsPerCycle?: number;
+  /**
+   * Row 3b, in row 3's loop: two bare requests (create a fresh key if it is
+   * absent, then delete it), their sum and the first alone; on NATS the
+   * same two with acks on one shared reply subscription; and a round trip
+   * that stores nothing. Medians over the loop, ms.
+   */
+  floorMs?: number;
+  floorFirstMs?: number;
+  floorLeanMs?: number;
+  pingMs?: number;
+  /** Row 3b's requests per pair, as the server counts them. */
+  floorRequests?: number;
   failoverMs?: number;
   /** Row 6's pause: from the SIGSTOP to the successor's first write. */
   stoppedFailoverMs?: number;
@@ -352,15 +371,18 @@ async function startRedis(always = false): Promise<Server> {
     url,
     version,
     async requests() {
-      // Redlock sends only scripts; the commands a script calls are counted
-      // under their own names, and are not round trips.
+      // Requests from clients: Redlock sends only scripts (EVALSHA, EVAL
+      // the first time), row 3b's floor SET, DEL and PING. A script's own
+      // calls count under their own names: each of Redlock's acquires
+      // calls EXISTS, then SET; each release GET, then DEL (an extend GET,
+      // then SET): those are taken off, leaving what clients sent.
       const stats = await info("commandstats");
-      let n = 0;
-      for (
-        const m of stats.matchAll(/^cmdstat_(?:evalsha|eval):calls=(\d+)/gm)
-      ) {
-        n += Number(m[1]);
-      }
+      const calls = (cmd: string): number =>
+        Number(
+          new RegExp(`^cmdstat_${cmd}:calls=(\\d+)`, "m").exec(stats)?.[1] ?? 0,
+        );
+      const n = calls("evalsha") + calls("eval") + calls("ping") +
+        (calls("set") - calls("exists")) + (calls("del") - calls("get"));
       return n;
     },
     stop: () => stopChild(child, dir),
@@ -441,25 +463,77 @@ async function rowThroughput(
   }
 }
 
+/**
+ * Rows 3 and 3b: each pass of the loop takes and releases a fresh key
+ * through the lock (row 3), sends the floor's two requests for another
+ * fresh key, pings, and on NATS sends the floor's two through one shared
+ * reply subscription, in an order turned each pass. First the floor's
+ * requests and the ping's are counted alone (a warm-up), to be taken off
+ * the loop's count.
+ */
 async function rowAcquire(
   peer: Peer,
   server: Server,
+  floor: Floor,
   ops: number,
   r: number,
 ): Promise<RunFigures> {
+  const warm = Math.min(10, ops);
+  const counts: number[] = [await server.requests()];
+  for (let i = 0; i < warm; i++) await floor.createDelete(`w.${r}.${i}`);
+  counts.push(await server.requests());
+  for (let i = 0; i < warm; i++) await floor.ping();
+  counts.push(await server.requests());
+  for (let i = 0; i < warm; i++) await floor.createDeleteLean?.(`w.${r}.${i}`);
+  counts.push(await server.requests());
+  const [floorReq, pingReq, leanReq] = [0, 1, 2].map((k) =>
+    (counts[k + 1]! - counts[k]!) / warm
+  ) as [number, number, number];
   const times: number[] = [];
+  const floors: number[] = [];
+  const firsts: number[] = [];
+  const leans: number[] = [];
+  const pings: number[] = [];
+  const steps: ((i: number) => Promise<void>)[] = [
+    async (i) => {
+      const t = performance.now();
+      const held = await peer.acquire(`acq.${r}.${i}`, LONG_TTL);
+      await held.release();
+      times.push(performance.now() - t);
+    },
+    async (i) => {
+      const [a, b] = await floor.createDelete(`${r}.${i}`);
+      floors.push(a + b);
+      firsts.push(a);
+    },
+    async () => {
+      const t = performance.now();
+      await floor.ping();
+      pings.push(performance.now() - t);
+    },
+  ];
+  if (floor.createDeleteLean !== undefined) {
+    const lean = floor.createDeleteLean;
+    steps.push(async (i) => void leans.push(await lean(`${r}.${i}`)));
+  }
   const before = await server.requests();
   for (let i = 0; i < ops; i++) {
-    const t = performance.now();
-    const held = await peer.acquire(`acq.${r}.${i}`, LONG_TTL);
-    await held.release();
-    times.push(performance.now() - t);
+    for (let j = 0; j < steps.length; j++) {
+      await steps[(i + j) % steps.length]!(i);
+    }
   }
   const after = await server.requests();
+  const others = floorReq + pingReq +
+    (floor.createDeleteLean === undefined ? 0 : leanReq);
   return {
     acquireReleaseMs: median(times),
-    // The reading itself counts once on Redis and on etcd not at all.
-    requestsPerCycle: (after - before) / ops,
+    // The reading itself counts on none of the servers.
+    requestsPerCycle: (after - before) / ops - others,
+    floorMs: median(floors),
+    floorFirstMs: median(firsts),
+    ...(leans.length > 0 ? { floorLeanMs: median(leans) } : {}),
+    pingMs: median(pings),
+    floorRequests: floorReq,
   };
 }
 
@@ -681,10 +755,15 @@ export async function runPeers(cfg: PeersConfig): Promise<PeersReport> {
             await rowThroughput(peer, cfg.phaseMs, r),
           );
           if (check !== "lease") {
-            Object.assign(
-              figs.get(col)!,
-              await rowAcquire(peer, servers[sys], cfg.acquireOps, r),
-            );
+            const floor = await openFloor(sys, endpoints(sys), LONG_TTL);
+            try {
+              Object.assign(
+                figs.get(col)!,
+                await rowAcquire(peer, servers[sys], floor, cfg.acquireOps, r),
+              );
+            } finally {
+              await floor.close();
+            }
           }
         } finally {
           await peer.close();
@@ -848,6 +927,32 @@ export function table(report: PeersReport): string {
     once,
   );
   row(
+    "3b. the server's floor: two bare requests",
+    (c) => cell(c, (f) => f.floorMs, ms),
+    once,
+  );
+  row(
+    "3b. the first of them alone (one bare write)",
+    (c) => cell(c, (f) => f.floorFirstMs, ms),
+    once,
+  );
+  row(
+    "3b. the two, acks on one shared reply subscription",
+    (c) => cell(c, (f) => f.floorLeanMs, ms),
+    once.filter((c) => c.startsWith("nats")),
+  );
+  row(
+    "3b. a round trip that stores nothing (PING)",
+    (c) => cell(c, (f) => f.pingMs, ms),
+    once,
+  );
+  row(
+    "3b. server requests per floor",
+    (c) =>
+      fmt(median(report.runs[c]!.map((f) => f.floorRequests ?? NaN)), "", 1),
+    once,
+  );
+  row(
     `4. failover after SIGKILL, TTL ${report.ttl / 1000} s`,
     (c) => cell(c, (f) => f.failoverMs, ms),
     once,
@@ -932,6 +1037,71 @@ export function versusEtcd(report: PeersReport): string {
     .join("\n") + "\n";
 }
 
+/** Where a column's Redlock of the same durability is. */
+const redlockOf = (col: Column): Column =>
+  col.includes("always") || col === "etcd" ? "redis-always" : "redis";
+
+/**
+ * Row 3 beside row 3b, one line per system: its acquire + release over its
+ * own server's floor, and ours and the floors over Redlock's acquire +
+ * release of the same durability (Redis without persistence for the
+ * default columns, with `appendfsync always` for the fsync ones and etcd),
+ * each ratio the median over runs of the run's own ratio, with the range.
+ */
+export function versusFloor(report: PeersReport): string {
+  const cols = COLUMNS.filter((c) => !c.endsWith("/lease"));
+  const times = (x: number) => fmt(x, "×", 2);
+  const ratio = (
+    col: Column,
+    pick: (f: RunFigures) => number | undefined,
+    base: Column,
+    basePick: (f: RunFigures) => number | undefined,
+  ): string => {
+    const mine = report.runs[col]!.map(pick);
+    const theirs = report.runs[base]!.map(basePick);
+    const ratios = mine.map((x, i) => (x ?? NaN) / (theirs[i] ?? NaN))
+      .filter(Number.isFinite);
+    return ratios.length === 0
+      ? "—"
+      : `${times(median(ratios))}${range(ratios, times)}`;
+  };
+  const value = (col: Column, pick: (f: RunFigures) => number | undefined) => {
+    const xs = report.runs[col]!.map((f) => pick(f) ?? NaN)
+      .filter(Number.isFinite);
+    return xs.length === 0 ? "—" : `${ms(median(xs))}${range(xs, ms)}`;
+  };
+  const a = (f: RunFigures) => f.acquireReleaseMs;
+  const floor = (f: RunFigures) => f.floorMs;
+  const first = (f: RunFigures) => f.floorFirstMs;
+  const lines = cols.map((c) => [
+    c,
+    redlockOf(c),
+    value(c, a),
+    value(c, floor),
+    ratio(c, a, c, floor),
+    ratio(c, a, redlockOf(c), a),
+    ratio(c, floor, redlockOf(c), a),
+    ratio(c, floor, redlockOf(c), floor),
+    ratio(c, first, redlockOf(c), first),
+    ratio(c, (f) => f.pingMs, redlockOf(c), (f) => f.pingMs),
+  ]);
+  const head = [
+    "same run",
+    "its Redlock",
+    "3. acquire + release",
+    "3b. floor: two bare requests",
+    "3 over its floor",
+    "3 over Redlock's 3",
+    "floor over Redlock's 3",
+    "floor over Redis's floor",
+    "one bare write over Redis's",
+    "PING over Redis's",
+  ];
+  return [head, head.map(() => "---"), ...lines]
+    .map((r) => `| ${r.join(" | ")} |`)
+    .join("\n") + "\n";
+}
+
 // ---------------------------------------------------------------------------
 // Command line.
 
@@ -956,8 +1126,8 @@ if (import.meta.main ?? process.argv[1] === fileURLToPath(import.meta.url)) {
       Object.entries(report.versions).map(([k, v]) => `${k} ${v}`).join(", ")
     }; load average ${report.loadAverage.start[0]!.toFixed(1)} → ${
       report.loadAverage.end[0]!.toFixed(1)
-    }\n\n${table(report)}\n${
-      versusEtcd(report)
+    }\n\n${table(report)}\n${versusEtcd(report)}\n${
+      versusFloor(report)
     }\nHow a waiting successor learns: ${
       Object.entries(report.learns).map(([k, v]) => `${k}: ${v}`).join("; ")
     }\n`,
