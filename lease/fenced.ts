@@ -118,7 +118,7 @@ export function streamLeaseSubjects(
 }
 
 /** A subject without wildcards or whitespace, of non-empty tokens. */
-export const SUBJECT_RE = /^[^.*>\s]+(\.[^.*>\s]+)*$/;
+export const SUBJECT_RE: RegExp = /^[^.*>\s]+(\.[^.*>\s]+)*$/;
 
 /**
  * Opens this manager's session on the fenced bucket `settings.bucket`, then
