@@ -1,7 +1,9 @@
 // The layering of the lease module, read from its import lines (deno lint
 // cannot enforce it): the protocol core is sans-I/O, the transport stays
-// below the core, and the simulator plugs in at the seam only. Each rule is
-// also shown failing on a tree that breaks it.
+// below the core, the simulator and the testing kit plug in at the seam
+// only, the testing kit imports no runtime module, and the package's main
+// entry never reaches the testing kit. Each rule is also shown failing on a
+// tree that breaks it.
 
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -14,13 +16,20 @@ const ROOT = path.dirname(fileURLToPath(import.meta.url));
 /** Source files by path relative to the root, with `/` separators. */
 type Tree = Map<string, string>;
 
-/** The lease module and the simulator, as they are on disk. */
+/**
+ * The package's entries and what they import (the lease module, the
+ * recipes), the simulator and the testing kit, as they are on disk.
+ */
 function readTree(): Tree {
   const tree: Tree = new Map();
   const add = (rel: string) =>
     tree.set(rel, fs.readFileSync(path.join(ROOT, rel), "utf8"));
-  add("lease.ts");
-  for (const dir of ["lease", "sim"]) {
+  for (
+    const name of fs.readdirSync(ROOT).filter((n) =>
+      n.endsWith(".ts") && !n.endsWith("_test.ts")
+    ).sort()
+  ) add(name);
+  for (const dir of ["lease", "sim", "testing"]) {
     for (const name of fs.readdirSync(path.join(ROOT, dir)).sort()) {
       if (name.endsWith(".ts")) add(`${dir}/${name}`);
     }
@@ -140,7 +149,7 @@ function closure(tree: Tree, start: string): Set<string> {
 const WORLD_RE =
   /\b(?:Date|performance|setTimeout|setInterval|clearTimeout|clearInterval|crypto|Math\.random|Deno|Bun|process)\b/g;
 
-/** Where the simulator may plug in (see the rule below). */
+/** Where the simulator and the testing kit may plug in (see rule 3). */
 const SIM_SEAM = new Set([
   "lease/port.ts",
   "lease/manager.ts",
@@ -151,6 +160,17 @@ const SIM_SEAM = new Set([
   "lease/trust.ts",
   "lease/servers.ts",
 ]);
+
+/**
+ * The testing kit's entry checks `t.manager()`'s options with the checks
+ * `createLeaseManager` runs: it may also import those.
+ */
+const KIT_ENTRY_SEAM = new Set([...SIM_SEAM, "lease/input.ts"]);
+
+/** The testing kit's own files: its entry and the world it shares with the simulator. */
+function isKit(file: string): boolean {
+  return file === "testing.ts" || file.startsWith("testing/");
+}
 
 /** Every broken rule of the tree, one sentence each. */
 function violations(tree: Tree): string[] {
@@ -182,18 +202,22 @@ function violations(tree: Tree): string[] {
       }
     }
   }
-  // 3. The simulator plugs in at the seam only: the core and its port, the
-  // public types, and the two modules both ports share (the reply gate and
-  // the marker-life rule). Never the face or the production port. Its
-  // loader names the files it imports at run time as strings.
+  // 3. The simulator and the testing kit plug in at the seam only: the
+  // core and its port, the public types, and the two modules both ports
+  // share (the reply gate and the marker-life rule); the kit's entry also
+  // the option checks. Never the face or the production port. The
+  // simulator's in-memory server, processes and scheduler are the kit's
+  // (testing/), one copy, held to the same rule. The simulator's loader
+  // names the files it imports at run time as strings.
   for (const [file, source] of tree) {
-    if (!file.startsWith("sim/")) continue;
+    if (!file.startsWith("sim/") && !isKit(file)) continue;
+    const seam = file === "testing.ts" ? KIT_ENTRY_SEAM : SIM_SEAM;
     for (const spec of importsOf(source)) {
       const target = resolve(file, spec);
       if (
         target !== undefined && (target === "lease.ts" ||
           target.startsWith("lease/")) &&
-        !SIM_SEAM.has(target)
+        !seam.has(target)
       ) {
         out.push(`${file} imports ${target}`);
       }
@@ -204,6 +228,20 @@ function violations(tree: Tree): string[] {
     if (!SIM_SEAM.has(`lease/${m[1]}`)) {
       out.push(`sim/load.ts loads lease/${m[1]}`);
     }
+  }
+  // 4. The testing kit runs wherever the library runs (Deno, Bun, Node,
+  // browsers, workerd): its own files import no runtime or transport
+  // module, only relative ones (what they reach of lease/ is rule 3's).
+  for (const [file, source] of tree) {
+    if (!isKit(file)) continue;
+    for (const spec of importsOf(source)) {
+      if (!spec.startsWith(".")) out.push(`kit file ${file} imports '${spec}'`);
+    }
+  }
+  // 5. The package's main entry never reaches the testing kit: an
+  // application that imports the library loads no in-memory server.
+  for (const file of closure(tree, "mod.ts")) {
+    if (isKit(file)) out.push(`mod.ts reaches ${file}`);
   }
   return out;
 }
@@ -323,11 +361,11 @@ describe("the lease module's layering", () => {
       violations(
         withLine(
           tree,
-          "sim/node.ts",
+          "sim/world.ts",
           'import { natsPort } from "../lease/nats_port.ts";',
         ),
       ),
-      ["sim/node.ts imports lease/nats_port.ts"],
+      ["sim/world.ts imports lease/nats_port.ts"],
     );
     assert.deepEqual(
       violations(
@@ -342,6 +380,94 @@ describe("the lease module's layering", () => {
     assert.deepEqual(
       violations(withLine(tree, "sim/load.ts", 'await load("nats_port.ts");')),
       ["sim/load.ts loads lease/nats_port.ts"],
+    );
+  });
+
+  test("the testing kit importing the face, the production port or more than its seam breaks rule 3", () => {
+    assert.deepEqual(
+      violations(
+        withLine(
+          tree,
+          "testing/node.ts",
+          'import { natsPort } from "../lease/nats_port.ts";',
+        ),
+      ),
+      ["testing/node.ts imports lease/nats_port.ts"],
+    );
+    assert.deepEqual(
+      violations(
+        withLine(tree, "testing.ts", 'import "./lease.ts";'),
+      ),
+      ["testing.ts imports lease.ts"],
+    );
+    // The option checks are the entry's alone.
+    assert.deepEqual(
+      violations(
+        withLine(
+          tree,
+          "testing/kv.ts",
+          'import { describe } from "../lease/input.ts";',
+        ),
+      ),
+      ["testing/kv.ts imports lease/input.ts"],
+    );
+  });
+
+  test("the simulator shares the testing kit's world, one copy", () => {
+    for (const file of ["sim/world.ts", "sim/fenced.ts"]) {
+      const reached = closure(tree, file);
+      for (
+        const kit of [
+          "testing/kv.ts",
+          "testing/node.ts",
+          "testing/scheduler.ts",
+          "testing/trace.ts",
+        ]
+      ) assert.ok(reached.has(kit), `${file} reaches ${kit}`);
+    }
+  });
+
+  test("a testing kit file that imports a runtime or transport module breaks rule 4", () => {
+    assert.deepEqual(
+      violations(
+        withLine(
+          tree,
+          "testing/scheduler.ts",
+          'import { setImmediate } from "node:timers";',
+        ),
+      ),
+      ["kit file testing/scheduler.ts imports 'node:timers'"],
+    );
+    assert.deepEqual(
+      violations(
+        withLine(tree, "testing.ts", 'import { Kvm } from "@nats-io/kv";'),
+      ),
+      ["kit file testing.ts imports '@nats-io/kv'"],
+    );
+  });
+
+  test("the main entry reaching the testing kit breaks rule 5", () => {
+    assert.deepEqual(
+      violations(
+        withLine(tree, "mod.ts", 'export * from "./testing.ts";'),
+      ).filter((v) => !v.startsWith("mod.ts reaches testing/")),
+      ["mod.ts reaches testing.ts"],
+    );
+    // Through any file the entry reaches, here a recipe, by a type alone.
+    const broken = violations(
+      withLine(
+        tree,
+        "shards.ts",
+        'import type { SimKv } from "./testing/kv.ts";',
+      ),
+    );
+    assert.ok(
+      broken.includes("mod.ts reaches testing/kv.ts"),
+      broken.join("\n"),
+    );
+    assert.ok(
+      broken.every((v) => v.startsWith("mod.ts reaches testing/")),
+      broken.join("\n"),
     );
   });
 });

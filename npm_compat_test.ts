@@ -4,7 +4,8 @@
 // from node_modules. We build that shape with the TypeScript compiler into a
 // temp `node_modules/@nats-lease/lease`, type-check a consumer against the
 // `.d.ts`, and run a guarded write from a plain `.mjs` file under Node 24 and
-// Bun against a real nats-server.
+// Bun against a real nats-server, and a failover on the testing kit
+// (`./testing`, no server) likewise.
 // Runs under `deno test -A`, `bun test` and `node --test`.
 // test.sh: first server only: the package's npm shape; what differs between
 // servers is covered by the lease tests.
@@ -91,6 +92,26 @@ console.log(JSON.stringify({
 }));
 `;
 
+// A user's test of a failover on the testing kit, by its export's name: a
+// crashed holder's key taken after the TTL and the grace, in virtual time.
+const KIT_CONSUMER =
+  `import { createTestLeases } from "@nats-lease/lease/testing";
+
+const t = createTestLeases({ ttl: 15_000 });
+const a = t.manager({ node: "a" });
+const b = t.manager({ node: "b" });
+await a.guard("report", (lease) => t.recordWrite(lease));
+t.crash("a");
+const epoch = await b.guard("report", (lease) => {
+  t.recordWrite(lease);
+  return lease.epoch;
+}, { wait: true });
+t.assertNoOverlap();
+const virtual = t.clock.now();
+await t.close();
+console.log(JSON.stringify({ epoch, virtual }));
+`;
+
 // A TypeScript consumer, only type-checked: the `.d.ts` must carry the API.
 const TYPED_CONSUMER = `import { connect } from "@nats-io/transport-node";
 import {
@@ -140,7 +161,10 @@ describe("the package as JSR's npm layer ships it (ESM JavaScript + .d.ts)", () 
           name: denoJson.name,
           version: denoJson.version,
           type: "module",
-          exports: { ".": { types: "./mod.d.ts", default: "./mod.js" } },
+          exports: {
+            ".": { types: "./mod.d.ts", default: "./mod.js" },
+            "./testing": { types: "./testing.d.ts", default: "./testing.js" },
+          },
           dependencies: npmDependencies(denoJson.imports),
         },
         null,
@@ -169,7 +193,7 @@ describe("the package as JSR's npm layer ships it (ESM JavaScript + .d.ts)", () 
           rootDir: root,
           outDir: pkg,
         },
-        files: [path.join(root, "mod.ts")],
+        files: [path.join(root, "mod.ts"), path.join(root, "testing.ts")],
       }),
     );
     build = await run(
@@ -307,6 +331,31 @@ describe("the package as JSR's npm layer ships it (ESM JavaScript + .d.ts)", () 
         assert.equal(result.ttl, 1000);
         assert.doesNotMatch(done.stderr, /error|warning/i, done.stderr);
         lastEpoch = result.epoch;
+      },
+    );
+  }
+
+  for (const runtime of ["node", "bun"] as const) {
+    test(
+      `a plain .mjs file under ${runtime} imports ./testing by name and runs a failover in virtual time`,
+      {
+        timeout: TEST_TIMEOUT,
+      },
+      async () => {
+        assert.equal(build?.code, 0, "the build failed (see the first test)");
+        fs.writeFileSync(path.join(tmp, "kit_consumer.mjs"), KIT_CONSUMER);
+        fs.writeFileSync(
+          path.join(tmp, "package.json"),
+          JSON.stringify({ private: true, type: "module" }),
+        );
+        const done = await run(bin(runtime), ["kit_consumer.mjs"], {
+          cwd: tmp,
+        });
+        assert.equal(done.code, 0, show(`${runtime} kit_consumer.mjs`, done));
+        const result = JSON.parse(done.stdout.trim().split("\n").at(-1)!);
+        // The marker of the expiry took a revision: the successor's is 3.
+        assert.deepEqual(result, { epoch: 3, virtual: 30_004 });
+        assert.doesNotMatch(done.stderr, /error|warning/i, done.stderr);
       },
     );
   }

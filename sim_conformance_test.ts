@@ -48,9 +48,9 @@ import {
   type KvPublishResult,
   SimKv,
   type Stored,
-} from "./sim/kv.ts";
-import { Scheduler } from "./sim/scheduler.ts";
-import { Trace } from "./sim/trace.ts";
+} from "./testing/kv.ts";
+import { Scheduler } from "./testing/scheduler.ts";
+import { Trace } from "./testing/trace.ts";
 
 const bin = (name: string) =>
   fileURLToPath(new URL(`./.tools/bin/${name}`, import.meta.url));

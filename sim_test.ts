@@ -15,13 +15,13 @@ import {
   leafBound,
   renewalSlack,
 } from "./sim/check.ts";
-import { type KvFlaw, SimKv } from "./sim/kv.ts";
+import { type KvFlaw, SimKv } from "./testing/kv.ts";
 import { loadLease } from "./sim/load.ts";
 import { findMutant, MUTANTS, mutate, readSources } from "./sim/mutants.ts";
-import { type Network, SimNode } from "./sim/node.ts";
+import { type Network, SimNode } from "./testing/node.ts";
 import { hunt, runBatch } from "./sim/run.ts";
-import { Scheduler, type SimEvent, type Target } from "./sim/scheduler.ts";
-import { Trace } from "./sim/trace.ts";
+import { Scheduler, type SimEvent, type Target } from "./testing/scheduler.ts";
+import { Trace } from "./testing/trace.ts";
 import { Session } from "./lease/session.ts";
 import { fencedManagerOnPort } from "./lease/fenced.ts";
 import { runFencedBatch } from "./sim/fenced.ts";

@@ -1,6 +1,6 @@
 // When an answer from the server can be trusted (safety point 7 in
 // `manager.ts`). Both ports run this one gate: the production port over
-// nats.js (`nats_port.ts`) and the simulator's (`sim/node.ts`), each with its
+// nats.js (`nats_port.ts`) and the simulator's (`testing/node.ts`), each with its
 // own clock and its own stream-identity request, so the simulator checks this
 // code and not a copy of it.
 //

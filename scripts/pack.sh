@@ -2,8 +2,9 @@
 # Builds the package as JSR's npm layer would serve it (ESM JavaScript and
 # .d.ts files, @nats-io/* left as bare imports) into an npm tarball, for
 # using the library from this clone before it is on JSR: the main entry,
-# ./otel, whose @opentelemetry/api is an optional peer dependency, ./cli, and
-# the `lease` command as the package's bin, so that
+# ./otel, whose @opentelemetry/api is an optional peer dependency, ./cli,
+# ./testing (the in-memory server with a virtual clock, for users' tests),
+# and the `lease` command as the package's bin, so that
 # `npm install -g ./dist/nats-lease-lease-*.tgz` (or `bun add -g`) puts `lease`
 # on PATH with nothing but Node 20 or later (docs/cli.md). It is also the
 # file `npm publish` takes once the package goes to npm.
@@ -56,7 +57,8 @@ pkg="$work/package"
 mkdir -p "$pkg" "$root/dist"
 
 # package.json: name and version from deno.json; dependencies are the
-# @nats-io packages lease.ts, lease/ and the command (cli.ts, cli/) import,
+# @nats-io packages lease.ts, lease/, the testing kit (testing.ts,
+# testing/: none of its own) and the command (cli.ts, cli/) import,
 # with deno.json's ranges: transport-node only for the command, which dials
 # the server itself.
 "$node" --input-type=module - "$root" "$pkg" <<'EOF'
@@ -68,7 +70,14 @@ const inDir = (dir) =>
   fs.readdirSync(path.join(root, dir))
     .filter((f) => f.endsWith(".ts") && !f.endsWith("_test.ts"))
     .map((f) => `${dir}/${f}`);
-const source = ["lease.ts", ...inDir("lease"), "cli.ts", ...inDir("cli")]
+const source = [
+  "lease.ts",
+  ...inDir("lease"),
+  "testing.ts",
+  ...inDir("testing"),
+  "cli.ts",
+  ...inDir("cli"),
+]
   .map((f) => fs.readFileSync(path.join(root, f), "utf8")).join("\n");
 const used = new Set(
   [...source.matchAll(/from "(@nats-io\/[^"]+)"/g)].map((m) => m[1]),
@@ -94,6 +103,7 @@ fs.writeFileSync(
         ".": { types: "./mod.d.ts", default: "./mod.js" },
         "./otel": { types: "./otel.d.ts", default: "./otel.js" },
         "./cli": { types: "./cli.d.ts", default: "./cli.js" },
+        "./testing": { types: "./testing.d.ts", default: "./testing.js" },
       },
       bin: { lease: "bin/lease.js" },
       files: [
@@ -101,6 +111,8 @@ fs.writeFileSync(
         "*.d.ts",
         "lease/*.js",
         "lease/*.d.ts",
+        "testing/*.js",
+        "testing/*.d.ts",
         "cli/*.js",
         "cli/*.d.ts",
         "bin/lease.js",
@@ -145,7 +157,7 @@ fs.writeFileSync(
     },
     // cli/watchdog.ts is no import of cli.ts: `lease run` starts it as a
     // process of its own, from the file beside cli/run.js.
-    files: ["mod.ts", "otel.ts", "cli.ts", "cli/watchdog.ts"]
+    files: ["mod.ts", "otel.ts", "cli.ts", "cli/watchdog.ts", "testing.ts"]
       .map((f) => path.join(root, f)),
   }),
 );

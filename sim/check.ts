@@ -18,8 +18,8 @@
  * @module
  */
 
-import { keyOf, type Stored } from "./kv.ts";
-import type { SimNode } from "./node.ts";
+import { keyOf, type Stored } from "../testing/kv.ts";
+import type { SimNode } from "../testing/node.ts";
 import {
   type GuardCall,
   type Plan,

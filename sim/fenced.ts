@@ -37,11 +37,16 @@ import { BucketGone } from "../lease/port.ts";
 import { ReplyTrust } from "../lease/trust.ts";
 import type { Lease } from "../lease/types.ts";
 import { checkPF } from "./check.ts";
-import { type KvFlaw, SimKv } from "./kv.ts";
-import { type Fate, type Network, responderStopped, SimNode } from "./node.ts";
+import { type KvFlaw, SimKv } from "../testing/kv.ts";
+import {
+  type Fate,
+  type Network,
+  responderStopped,
+  SimNode,
+} from "../testing/node.ts";
 import { stream } from "./random.ts";
-import { Scheduler } from "./scheduler.ts";
-import { Trace } from "./trace.ts";
+import { Scheduler } from "../testing/scheduler.ts";
+import { Trace } from "../testing/trace.ts";
 import { drawFate, type Violation } from "./world.ts";
 
 /** Everything a seed decides before a fenced history starts. */

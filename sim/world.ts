@@ -25,11 +25,16 @@ import {
   type Proof,
   type TailResidue,
 } from "./check.ts";
-import { MAX_LOST, SimKv, type Stored } from "./kv.ts";
-import { type Fate, type Network, type PortParts, SimNode } from "./node.ts";
+import { MAX_LOST, SimKv, type Stored } from "../testing/kv.ts";
+import {
+  type Fate,
+  type Network,
+  type PortParts,
+  SimNode,
+} from "../testing/node.ts";
 import { stream } from "./random.ts";
-import { Scheduler } from "./scheduler.ts";
-import { Trace } from "./trace.ts";
+import { Scheduler } from "../testing/scheduler.ts";
+import { Trace } from "../testing/trace.ts";
 
 /**
  * What the simulator needs of a lease module (`../lease/` or a mutant's copy

@@ -665,6 +665,22 @@ export class SimKv {
     return seq === undefined || e.seq === seq ? e : null;
   }
 
+  /**
+   * Expires the key's last message now, as its max age would when due: a
+   * put or a DEL tombstone becomes a `MaxAge` marker on a bucket with
+   * markers, else goes; a marker or a PURGE tombstone goes (the testing
+   * kit's `expire(key)`).
+   *
+   * @param key The key.
+   * @returns Whether the key had a message to expire.
+   */
+  expireNow(key: string): boolean {
+    const e = this.last(this.subject(key));
+    if (e === undefined) return false;
+    this.#expire(e, this.incarnation);
+    return true;
+  }
+
   /** An operator's `kv.delete(key)`: an untagged DEL tombstone. */
   operatorDelete(key: string): void {
     if (this.gone) return;

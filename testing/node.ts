@@ -272,7 +272,7 @@ export class SimNode implements Target {
   paused = false;
   dead = false;
   /** True time of the crash. */
-  diedAt = Infinity;
+  diedAt: number = Infinity;
   closed = false;
   /** Cut off from the server (see {@linkcode SimNode.partition}). */
   partitioned = false;
@@ -334,7 +334,7 @@ export class SimNode implements Target {
     begun: number;
   }[] = [];
   /** The port's timers that are armed (set, neither fired nor cleared). */
-  readonly armed = new Set<SimEvent>();
+  readonly armed: Set<SimEvent> = new Set();
   #closedResolve!: () => void;
   readonly #closedPromise: Promise<void>;
 

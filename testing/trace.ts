@@ -54,7 +54,11 @@ export class Trace {
    * @param until The last time to show.
    * @returns The lines, one per row.
    */
-  format(key: string | undefined, n = 40, until = Infinity): string {
+  format(
+    key: string | undefined,
+    n: number = 40,
+    until: number = Infinity,
+  ): string {
     const rows = this.lines.filter((l) =>
       l.t <= until &&
       (key === undefined || l.key === undefined || l.key === key)
