@@ -43,8 +43,8 @@ import { errText } from "./lease/errors.ts";
 import {
   BUCKET_RE,
   checkDuration,
+  checkSharedOptions,
   describe,
-  DOMAIN_RE,
   maxKeyLength,
   maxStreamKeyLength,
   STREAM_RE,
@@ -458,16 +458,6 @@ function adoptTtl(o: Resolved, options: LeaseManagerOptions): void {
     : checkDuration("settleTimeout", options.settleTimeout, 0, 2 ** 31 - 1);
 }
 
-function checkBoolean(name: string, value: unknown): void {
-  if (value !== undefined && typeof value !== "boolean") {
-    throw new TypeError(
-      `Cannot create lease manager as '${name}' must be a boolean: received ${
-        describe(value)
-      }`,
-    );
-  }
-}
-
 /**
  * The options of the stream layout (`stream`): a stream name, a subject
  * prefix for the leases, and none of the options that only a bucket has.
@@ -532,13 +522,7 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
       }`,
     );
   }
-  if (typeof node !== "string" || node.trim() === "") {
-    throw new TypeError(
-      `Cannot create lease manager as 'node' must be a non-blank string: received ${
-        describe(node)
-      }`,
-    );
-  }
+  const shared = checkSharedOptions(options);
   if (stream !== undefined) checkStreamOptions(options);
   else if (options.leaseSubjects !== undefined) {
     throw new TypeError(
@@ -552,17 +536,6 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     );
   }
   const { domain } = options;
-  // One subject token: the domain goes into `$JS.<domain>.API`.
-  if (
-    domain !== undefined &&
-    (typeof domain !== "string" || !DOMAIN_RE.test(domain))
-  ) {
-    throw new TypeError(
-      `Cannot create lease manager as 'domain' must be a non-empty JetStream domain name without whitespace, '.', '*' or '>': received ${
-        describe(domain)
-      }`,
-    );
-  }
   // Keys are refused past this length before anything is sent: a longer
   // one would get the connection closed by the server on its first request.
   const inboxPrefix =
@@ -591,19 +564,6 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
     MIN_TTL,
     2 ** 31 - 1,
   );
-  const replicas = options.replicas ?? 1;
-  if (!Number.isInteger(replicas) || replicas < 1 || replicas > 5) {
-    throw new RangeError(
-      `Cannot create lease manager as 'replicas' must be an integer from 1 to 5: received ${
-        describe(replicas)
-      }`,
-    );
-  }
-  checkBoolean("restartGrace", options.restartGrace);
-  checkBoolean("createBucket", options.createBucket);
-  checkBoolean("allowUnverifiedReplicas", options.allowUnverifiedReplicas);
-  checkBoolean("markers", options.markers);
-  checkBoolean("fenced", options.fenced);
   const fenced = options.fenced ?? stream !== undefined;
   if (fenced) {
     // A fenced bucket always has markers (a session's end is its entry's
@@ -625,34 +585,14 @@ function resolveOptions(options: LeaseManagerOptions): Resolved {
       );
     }
   }
-  if (
-    options.check !== undefined && options.check !== "cas" &&
-    options.check !== "lease"
-  ) {
-    throw new TypeError(
-      `Cannot create lease manager as 'check' must be "cas" or "lease": received ${
-        describe(options.check)
-      }`,
-    );
-  }
-  const idleRelease = options.idleRelease === undefined
-    ? undefined
-    : checkDuration("idleRelease", options.idleRelease, 1, 2 ** 31 - 1);
-  if (signal !== undefined && !(signal instanceof AbortSignal)) {
-    throw new TypeError(
-      `Cannot create lease manager as 'signal' must be an AbortSignal: received ${
-        describe(signal)
-      }`,
-    );
-  }
   const o: Resolved = {
     nc: nc as unknown as NatsConnection,
-    node,
+    node: node as string,
     ttl,
     timeout: 0,
     settleTimeout: 0,
-    idleRelease,
-    check: options.check ?? "cas",
+    idleRelease: shared.idleRelease,
+    check: shared.check,
     restartGrace: options.restartGrace ?? true,
     markers: options.markers ?? true,
     markerLife: 0,

@@ -35,9 +35,10 @@
  */
 
 import {
+  BUCKET_RE,
   checkDuration,
+  checkSharedOptions,
   describe,
-  DOMAIN_RE,
   maxKeyLength,
 } from "./lease/input.ts";
 import { managerOnPort, type ManagerSettings } from "./lease/manager.ts";
@@ -1241,16 +1242,6 @@ interface Checked {
   signal: AbortSignal | undefined;
 }
 
-function checkBoolean(name: string, value: unknown): void {
-  if (value !== undefined && typeof value !== "boolean") {
-    throw new TypeError(
-      `Cannot create lease manager as '${name}' must be a boolean: received ${
-        describe(value)
-      }`,
-    );
-  }
-}
-
 /**
  * Checks `manager()`'s options with the rules and messages of
  * `createLeaseManager` (its option checks live in `lease.ts`, beside
@@ -1278,35 +1269,19 @@ function checkOptions(options: TestManagerOptions, kitTtl: number): Checked {
       );
     }
   }
-  checkBoolean("fenced", options.fenced);
+  // The checks createLeaseManager makes of the same options.
+  const shared = checkSharedOptions(options);
   if (options.fenced === true) {
     throw new TypeError(
       `Cannot create test lease manager with fenced: true: the testing kit does not offer fenced buckets yet`,
     );
   }
   const { node, signal, domain } = options;
-  if (typeof node !== "string" || node.trim() === "") {
-    throw new TypeError(
-      `Cannot create lease manager as 'node' must be a non-blank string: received ${
-        describe(node)
-      }`,
-    );
-  }
   const bucket = options.bucket ?? "leases";
-  if (typeof bucket !== "string" || !/^[-\w]+$/.test(bucket)) {
+  if (typeof bucket !== "string" || !BUCKET_RE.test(bucket)) {
     throw new TypeError(
       `Cannot create lease manager as 'bucket' must be ASCII letters, digits, '-' or '_': received ${
         describe(bucket)
-      }`,
-    );
-  }
-  if (
-    domain !== undefined &&
-    (typeof domain !== "string" || !DOMAIN_RE.test(domain))
-  ) {
-    throw new TypeError(
-      `Cannot create lease manager as 'domain' must be a non-empty JetStream domain name without whitespace, '.', '*' or '>': received ${
-        describe(domain)
       }`,
     );
   }
@@ -1322,38 +1297,6 @@ function checkOptions(options: TestManagerOptions, kitTtl: number): Checked {
   const ttl = options.ttl === undefined
     ? undefined
     : checkDuration("ttl", options.ttl, MIN_TTL, 2 ** 31 - 1);
-  const replicas = options.replicas ?? 1;
-  if (!Number.isInteger(replicas) || replicas < 1 || replicas > 5) {
-    throw new RangeError(
-      `Cannot create lease manager as 'replicas' must be an integer from 1 to 5: received ${
-        describe(replicas)
-      }`,
-    );
-  }
-  checkBoolean("restartGrace", options.restartGrace);
-  checkBoolean("createBucket", options.createBucket);
-  checkBoolean("allowUnverifiedReplicas", options.allowUnverifiedReplicas);
-  checkBoolean("markers", options.markers);
-  if (
-    options.check !== undefined && options.check !== "cas" &&
-    options.check !== "lease"
-  ) {
-    throw new TypeError(
-      `Cannot create lease manager as 'check' must be "cas" or "lease": received ${
-        describe(options.check)
-      }`,
-    );
-  }
-  const idleRelease = options.idleRelease === undefined
-    ? undefined
-    : checkDuration("idleRelease", options.idleRelease, 1, 2 ** 31 - 1);
-  if (signal !== undefined && !(signal instanceof AbortSignal)) {
-    throw new TypeError(
-      `Cannot create lease manager as 'signal' must be an AbortSignal: received ${
-        describe(signal)
-      }`,
-    );
-  }
   // Checked against the TTL in force once the bucket is known; against
   // the given (or the kit's) TTL now, as createLeaseManager does first.
   const first = ttl ?? kitTtl;
@@ -1373,8 +1316,8 @@ function checkOptions(options: TestManagerOptions, kitTtl: number): Checked {
     ttl,
     timeout: options.timeout,
     settleTimeout: options.settleTimeout,
-    idleRelease,
-    check: options.check,
+    idleRelease: shared.idleRelease,
+    check: shared.check,
     restartGrace: options.restartGrace,
     createBucket: options.createBucket,
     markers: options.markers,

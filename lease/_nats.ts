@@ -84,13 +84,21 @@ export async function whileLeaderless<T>(
       if (!again || performance.now() + pause >= deadline) throw err;
       if (isTimeout(err)) timeout = Math.min(2 * timeout, attempts.most);
     }
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const wait = new Promise<void>((r) => timer = setTimeout(r, pause));
-    try {
-      await (signal ? raceAbort(wait, signal) : wait);
-    } finally {
-      clearTimeout(timer);
-    }
+    await sleepUnless(pause, signal);
+  }
+}
+
+/** Waits `ms`, or rejects with `signal`'s reason when it aborts first. */
+async function sleepUnless(
+  ms: number,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const wait = new Promise<void>((r) => timer = setTimeout(r, ms));
+  try {
+    await (signal ? raceAbort(wait, signal) : wait);
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -115,13 +123,7 @@ export async function whileUnrouted<T>(
         throw err;
       }
     }
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const wait = new Promise<void>((r) => timer = setTimeout(r, pause));
-    try {
-      await (signal ? raceAbort(wait, signal) : wait);
-    } finally {
-      clearTimeout(timer);
-    }
+    await sleepUnless(pause, signal);
   }
 }
 

@@ -98,6 +98,104 @@ export function maxStreamKeyLength(
   );
 }
 
+/** A `boolean` option, or a TypeError naming it. */
+export function checkBoolean(name: string, value: unknown): void {
+  if (value !== undefined && typeof value !== "boolean") {
+    throw new TypeError(
+      `Cannot create lease manager as '${name}' must be a boolean: received ${
+        describe(value)
+      }`,
+    );
+  }
+}
+
+/** What {@linkcode checkSharedOptions} resolved. */
+export interface SharedOptions {
+  readonly replicas: number;
+  readonly check: "cas" | "lease";
+  readonly idleRelease: number | undefined;
+}
+
+/**
+ * The options of a lease manager that `createLeaseManager` and the testing
+ * kit's `manager()` check alike, with the same messages: `node`, `domain`,
+ * `replicas`, the boolean options, `check`, `idleRelease` and `signal`.
+ * The bucket, the TTL and its timeouts are each caller's own.
+ *
+ * @param options The options as given.
+ * @returns The resolved `replicas`, `check` and `idleRelease`.
+ * @throws {TypeError} An option has the wrong type.
+ * @throws {RangeError} `replicas` or `idleRelease` is out of range.
+ */
+export function checkSharedOptions(options: {
+  readonly node?: unknown;
+  readonly domain?: unknown;
+  readonly replicas?: unknown;
+  readonly restartGrace?: unknown;
+  readonly createBucket?: unknown;
+  readonly allowUnverifiedReplicas?: unknown;
+  readonly markers?: unknown;
+  readonly fenced?: unknown;
+  readonly check?: unknown;
+  readonly idleRelease?: unknown;
+  readonly signal?: unknown;
+}): SharedOptions {
+  const { node, domain, signal } = options;
+  if (typeof node !== "string" || node.trim() === "") {
+    throw new TypeError(
+      `Cannot create lease manager as 'node' must be a non-blank string: received ${
+        describe(node)
+      }`,
+    );
+  }
+  // One subject token: the domain goes into `$JS.<domain>.API`.
+  if (
+    domain !== undefined &&
+    (typeof domain !== "string" || !DOMAIN_RE.test(domain))
+  ) {
+    throw new TypeError(
+      `Cannot create lease manager as 'domain' must be a non-empty JetStream domain name without whitespace, '.', '*' or '>': received ${
+        describe(domain)
+      }`,
+    );
+  }
+  const replicas = options.replicas ?? 1;
+  if (
+    typeof replicas !== "number" || !Number.isInteger(replicas) ||
+    replicas < 1 || replicas > 5
+  ) {
+    throw new RangeError(
+      `Cannot create lease manager as 'replicas' must be an integer from 1 to 5: received ${
+        describe(replicas)
+      }`,
+    );
+  }
+  checkBoolean("restartGrace", options.restartGrace);
+  checkBoolean("createBucket", options.createBucket);
+  checkBoolean("allowUnverifiedReplicas", options.allowUnverifiedReplicas);
+  checkBoolean("markers", options.markers);
+  checkBoolean("fenced", options.fenced);
+  const { check } = options;
+  if (check !== undefined && check !== "cas" && check !== "lease") {
+    throw new TypeError(
+      `Cannot create lease manager as 'check' must be "cas" or "lease": received ${
+        describe(check)
+      }`,
+    );
+  }
+  const idleRelease = options.idleRelease === undefined
+    ? undefined
+    : checkDuration("idleRelease", options.idleRelease, 1, 2 ** 31 - 1);
+  if (signal !== undefined && !(signal instanceof AbortSignal)) {
+    throw new TypeError(
+      `Cannot create lease manager as 'signal' must be an AbortSignal: received ${
+        describe(signal)
+      }`,
+    );
+  }
+  return { replicas, check: check ?? "cas", idleRelease };
+}
+
 /** A long value as a message shows it: its start, and its length. */
 function preview(key: string): string {
   return `${JSON.stringify(key.slice(0, 24))}... (${key.length} characters)`;
