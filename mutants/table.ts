@@ -628,7 +628,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN4",
-    file: "lease.ts",
+    file: "lease/input.ts",
     find: `  checkBoolean("markers", options.markers);`,
     replace: ``,
     test: "lease_test.ts",
@@ -637,7 +637,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN5",
-    file: "lease.ts",
+    file: "lease/input.ts",
     find:
       `    : checkDuration("idleRelease", options.idleRelease, 1, 2 ** 31 - 1);`,
     replace:
@@ -657,7 +657,7 @@ export const MUTANTS: readonly Mutant[] = [
   },
   {
     id: "IN7",
-    file: "lease.ts",
+    file: "lease/input.ts",
     find: `  if (typeof node !== "string" || node.trim() === "") {`,
     replace: `  if (typeof node !== "string" || node === "") {`,
     test: "lease_test.ts",
@@ -955,8 +955,8 @@ export const MUTANTS: readonly Mutant[] = [
   {
     id: "FA5",
     file: "lease.ts",
-    find: `    maxKey: fenced ? maxKey - TENURE_PREFIX.length : maxKey,`,
-    replace: `    maxKey,`,
+    find: `      ? maxKey - TENURE_PREFIX.length`,
+    replace: `      ? maxKey`,
     test: "lease_fenced_api_test.ts",
     name: "longest",
     what:
