@@ -136,18 +136,26 @@ export async function fencedWrite(a: Args): Promise<number> {
         `bucket '${a.bucket}' is a classic lease bucket, not a fenced one: its leases have no tenure entries for the server to fence a write by (its keys are the leases themselves), so lease ${a.sub} sends nothing there (use a bucket made by lease run --fenced, or fence the write with LEASE_EPOCH in your own store)`,
       );
     }
-    const version = nc.info?.version ?? "";
-    if (!fenceVersion(version)) {
-      throw new UnavailableError(
-        a.key,
-        `the server runs nats-server ${
-          version || "of an unknown version"
-        }, which ignores the fence (it needs 2.11 or later): nothing was sent`,
-      );
-    }
+    refuseUnfenced(nc, a.key);
     return await publishFenced(nc, a, t, data);
   } finally {
     await nc.close();
+  }
+}
+
+/**
+ * Throws when the server `nc` is on would ignore the fence (before 2.11),
+ * so that `lease put`, `delete` and `publish` send nothing there.
+ */
+export function refuseUnfenced(nc: NatsConnection, key: string): void {
+  const version = nc.info?.version ?? "";
+  if (!fenceVersion(version)) {
+    throw new UnavailableError(
+      key,
+      `the server runs nats-server ${
+        version || "of an unknown version"
+      }, which ignores the fence (it needs 2.11 or later): nothing was sent`,
+    );
   }
 }
 

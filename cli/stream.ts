@@ -30,12 +30,11 @@ import {
   isStreamNotFound,
 } from "../lease/_nats.ts";
 import { LAYOUT_KEY, subjectCovers } from "../lease/fenced.ts";
-import { fenceVersion } from "../lease/servers.ts";
 import { UnavailableError } from "../lease.ts";
 import { type Args, type StreamTenureEnv, UsageError } from "./args.ts";
 import { dial, noStream } from "./connect.ts";
 import { EXIT, say } from "./exit.ts";
-import { readStdin } from "./fenced.ts";
+import { readStdin, refuseUnfenced } from "./fenced.ts";
 
 /**
  * Throws a {@linkcode UsageError} when stream `stream` (its `config`)
@@ -138,15 +137,7 @@ export async function streamPublish(a: Args): Promise<number> {
         EXIT.BAD_KEY,
       );
     }
-    const version = nc.info?.version ?? "";
-    if (!fenceVersion(version)) {
-      throw new UnavailableError(
-        a.key,
-        `the server runs nats-server ${
-          version || "of an unknown version"
-        }, which ignores the fence (it needs 2.11 or later): nothing was sent`,
-      );
-    }
+    refuseUnfenced(nc, a.key);
     return await appendFenced(nc, t, subject, data);
   } finally {
     await nc.close();
