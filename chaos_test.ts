@@ -1,5 +1,6 @@
-// test.sh: first server only: these check the harness and its checker;
-// chaos/ci.sh runs the harness itself, and the lease tests cover 2.9.10.
+// test.sh: node only: these check the harness and its checker, tools of
+// this repository rather than the library in a runtime; chaos/ci.sh runs
+// the harness itself, and the lease tests cover 2.9.10 and every runtime.
 // Tests of the chaos checker: its checks on hand-made histories, then short
 // harness runs against a real nats-server (the correct workers must show no
 // violation; the deliberately broken ones must be caught). Runs under

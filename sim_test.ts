@@ -4,6 +4,9 @@
 // bite: deliberately broken writes and mutants of lease.ts (one known hole
 // each) are caught. Runs under `deno test -A`, `bun test` and `node --test`;
 // needs no server. SIM_TEST_SEEDS sets the budget (default 300).
+// test.sh: node only: sim/ci.sh runs the simulator under Deno (12,000
+// histories and a determinism check), and testing_test.ts runs its model
+// under all three runtimes.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import process from "node:process";
