@@ -189,28 +189,46 @@ async function publishFenced(
     process.stdout.write(`${ack.seq}\n`);
     return 0;
   } catch (err) {
-    const now = conflictRevision(err);
-    if (now === undefined) {
-      // A refusal stored nothing; no answer may mean stored: say which.
-      throw new UnavailableError(
-        a.key,
-        err instanceof JetStreamApiError
-          ? `the server refused the fenced write to '${a.key}' (${err.message}): nothing was stored`
-          : `the fenced write to '${a.key}' got no answer (${
-            (err as Error).message
-          }): it may or may not have been stored`,
-        { cause: err },
-      );
-    }
-    say(
-      `not ${
-        a.sub === "delete" ? "deleted" : "stored"
-      }: the tenure of '${t.key}' at epoch ${t.epoch} is over (${
-        now > 0
-          ? `its tenure entry is at revision ${now} now`
-          : "its tenure entry moved"
-      }: another node took '${t.key}', or it was released or evicted), so the server refused the write to '${a.key}'`,
+    return refusedWrite(
+      err,
+      a.key,
+      `write to '${a.key}'`,
+      (now) =>
+        `not ${
+          a.sub === "delete" ? "deleted" : "stored"
+        }: the tenure of '${t.key}' at epoch ${t.epoch} is over (${
+          now > 0
+            ? `its tenure entry is at revision ${now} now`
+            : "its tenure entry moved"
+        }: another node took '${t.key}', or it was released or evicted), so the server refused the write to '${a.key}'`,
     );
-    return EXIT.NOT_HOLDER;
   }
+}
+
+/**
+ * How a fenced write of `lease put`, `delete` or `publish` failed: a
+ * refusal by the fence says `refused(now)` and exits NOT_HOLDER; any other
+ * answer stored nothing, and no answer may have stored it, each said as an
+ * {@linkcode UnavailableError}.
+ */
+export function refusedWrite(
+  err: unknown,
+  key: string,
+  what: string,
+  refused: (now: number) => string,
+): number {
+  const now = conflictRevision(err);
+  if (now === undefined) {
+    throw new UnavailableError(
+      key,
+      err instanceof JetStreamApiError
+        ? `the server refused the fenced ${what} (${err.message}): nothing was stored`
+        : `the fenced ${what} got no answer (${
+          (err as Error).message
+        }): it may or may not have been stored`,
+      { cause: err },
+    );
+  }
+  say(refused(now));
+  return EXIT.NOT_HOLDER;
 }

@@ -18,23 +18,18 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
   jetstream,
-  JetStreamApiError,
   jetstreamManager,
   type StreamConfig,
   type StreamInfo,
 } from "@nats-io/jetstream";
 import process from "node:process";
-import {
-  conflictRevision,
-  isNoResponders,
-  isStreamNotFound,
-} from "../lease/_nats.ts";
+import { isNoResponders, isStreamNotFound } from "../lease/_nats.ts";
 import { LAYOUT_KEY, subjectCovers } from "../lease/fenced.ts";
 import { UnavailableError } from "../lease.ts";
 import { type Args, type StreamTenureEnv, UsageError } from "./args.ts";
 import { dial, noStream } from "./connect.ts";
-import { EXIT, say } from "./exit.ts";
-import { readStdin, refuseUnfenced } from "./fenced.ts";
+import { EXIT } from "./exit.ts";
+import { readStdin, refusedWrite, refuseUnfenced } from "./fenced.ts";
 
 /**
  * Throws a {@linkcode UsageError} when stream `stream` (its `config`)
@@ -166,26 +161,16 @@ async function appendFenced(
     process.stdout.write(`${ack.seq}\n`);
     return 0;
   } catch (err) {
-    const now = conflictRevision(err);
-    if (now === undefined) {
-      // A refusal stored nothing; no answer may mean stored: say which.
-      throw new UnavailableError(
-        t.key,
-        err instanceof JetStreamApiError
-          ? `the server refused the fenced append to '${subject}' (${err.message}): nothing was stored`
-          : `the fenced append to '${subject}' got no answer (${
-            (err as Error).message
-          }): it may or may not have been stored`,
-        { cause: err },
-      );
-    }
-    say(
-      `not stored: the tenure of '${t.key}' at epoch ${t.epoch} is over (${
-        now > 0
-          ? `its tenure entry is at sequence ${now} now: another node took '${t.key}'`
-          : "its tenure entry is gone: released, evicted or purged"
-      }), so the server refused the append to '${subject}'`,
+    return refusedWrite(
+      err,
+      t.key,
+      `append to '${subject}'`,
+      (now) =>
+        `not stored: the tenure of '${t.key}' at epoch ${t.epoch} is over (${
+          now > 0
+            ? `its tenure entry is at sequence ${now} now: another node took '${t.key}'`
+            : "its tenure entry is gone: released, evicted or purged"
+        }), so the server refused the append to '${subject}'`,
     );
-    return EXIT.NOT_HOLDER;
   }
 }
