@@ -1031,6 +1031,28 @@ export const MUTANTS: readonly Mutant[] = [
     what: "a shard lease's publish is not passed on: nothing is appended",
   },
   {
+    id: "FS7",
+    file: "cli/stream.ts",
+    find: `    if (!subjects.some((p) => subjectCovers(p, subject))) {`,
+    replace: `    if (false) {`,
+    test: "cli_stream_test.ts",
+    name: "no appendable subject",
+    what:
+      "lease publish sends an append to a subject outside the stream, where no tenure fences it",
+  },
+  {
+    id: "FS8",
+    file: "cli/stream.ts",
+    find:
+      `        lastSubjectSequenceSubject: \`\${t.leaseSubjects}.k.\${t.key}\`,`,
+    replace:
+      `        lastSubjectSequenceSubject: \`\${t.leaseSubjects}.s.\${t.key}\`,`,
+    test: "cli_stream_test.ts",
+    name: "appends with lease publish",
+    what:
+      "lease publish fences its append by a subject that is not the key's tenure entry: every append is refused",
+  },
+  {
     id: "FS6",
     file: "lease/stream.ts",
     find: `  if (c.retention !== undefined && c.retention !== "limits") {`,
