@@ -30,7 +30,7 @@
 #   LEASE_TEST_TIMEOUT      per-test timeout in ms for bun and node, also
 #                           passed to the tests (default 120000)
 #   LEASE_TEST_RUN_TIMEOUT  seconds one runtime may take for all files before
-#                           it is killed (default 1200; the Node leg takes about 14 min)
+#                           it is killed (default 1800; the Node leg takes about 17 min)
 #   LEASE_SKIP_SETUP=1      do not run scripts/setup.sh first
 #
 # Prints one line per runtime and server, e.g.
@@ -109,7 +109,7 @@ for i in "${!files[@]}"; do
 done
 
 per_test_timeout="${LEASE_TEST_TIMEOUT:-120000}"
-run_timeout="${LEASE_TEST_RUN_TIMEOUT:-1200}"
+run_timeout="${LEASE_TEST_RUN_TIMEOUT:-1800}"
 export LEASE_TEST_TIMEOUT="$per_test_timeout"
 export NO_COLOR=1
 
