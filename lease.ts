@@ -32,14 +32,11 @@ import {
 import { Kvm } from "@nats-io/kv";
 import { abortReason } from "./lease/_async.ts";
 import {
-  isNoResponders,
   isStreamNotFound,
-  SETUP_ATTEMPT,
-  SETUP_FIRST_ATTEMPT,
-  whileLeaderless,
+  setupJetStream,
+  setupRequests,
   whileUnrouted,
 } from "./lease/_nats.ts";
-import { errText } from "./lease/errors.ts";
 import {
   BUCKET_RE,
   checkDuration,
@@ -71,7 +68,6 @@ import {
   type LeaseManager,
   type LeaseManagerOptions,
   MIN_TTL,
-  SETUP_TIMEOUT,
 } from "./lease/types.ts";
 
 export {
@@ -159,36 +155,14 @@ export async function createLeaseManager(
     });
   }
   const nc = o.nc;
-  // Set-up is off the write path, so it may wait longer than a lease
-  // operation: see SETUP_TIMEOUT.
-  const setupTimeout = Math.max(o.timeout, SETUP_TIMEOUT);
-  const setupDeadline = performance.now() + setupTimeout;
-  // Every set-up request is safe to repeat (see whileLeaderless).
-  // Requests get shorter attempts, asked again until the set-up deadline.
-  const attempt = Math.min(setupTimeout, Math.max(o.timeout, SETUP_ATTEMPT));
-  const ask = <T>(request: (timeout: number) => Promise<T>) =>
-    whileLeaderless(request, setupDeadline, o.signal, {
-      first: Math.max(o.timeout, SETUP_FIRST_ATTEMPT),
-      most: attempt,
-    });
+  const { total: setupTimeout, deadline: setupDeadline, attempt, ask } =
+    setupRequests(
+      o.timeout,
+      o.signal,
+    );
   // `$JS.<domain>.API` in place of `$JS.API` for every request below.
   const domain = o.domain === undefined ? {} : { domain: o.domain };
-  let jsm: JetStreamManager;
-  try {
-    jsm = await ask((timeout) => jetstreamManager(nc, { timeout, ...domain }));
-  } catch (err) {
-    if (isNoResponders(err)) {
-      throw new Error(
-        `Cannot create lease manager as ${
-          o.domain === undefined
-            ? "the NATS server does not offer JetStream (start nats-server with -js, or enable JetStream for this account)"
-            : `no server answers for JetStream domain '${o.domain}' (check the domain name, and that the leaf node is connected to the server with that domain)`
-        }: ${errText(err)}`,
-        { cause: err },
-      );
-    }
-    throw err;
-  }
+  const jsm = await setupJetStream(nc, ask, o.domain);
   const existing = await ask(async (timeout) =>
     bucketStatus(
       await jetstreamManager(nc, { timeout, ...domain, checkAPI: false }),

@@ -1,12 +1,20 @@
-import { type MsgHdrs, TimeoutError } from "@nats-io/nats-core";
+import {
+  type MsgHdrs,
+  type NatsConnection,
+  TimeoutError,
+} from "@nats-io/nats-core";
 import {
   JetStreamApiCodes,
   JetStreamApiError,
+  type JetStreamManager,
+  jetstreamManager,
   PubHeaders,
 } from "@nats-io/jetstream";
 import { KV_OPERATION_HDR, MARKER_REASON_HDR } from "./entry.ts";
 import type { RawEntry } from "./port.ts";
 import { raceAbort } from "./_async.ts";
+import { errText } from "./errors.ts";
+import { SETUP_TIMEOUT } from "./types.ts";
 
 // What nats.js's answers and errors mean, and the timeouts and retries of
 // set-up and the production port (real time: never imported by the core).
@@ -99,6 +107,67 @@ async function sleepUnless(
     await (signal ? raceAbort(wait, signal) : wait);
   } finally {
     clearTimeout(timer);
+  }
+}
+
+/**
+ * Set-up's requests for `createLeaseManager` with request timeout
+ * `timeout`: off the write path, they may take up to
+ * {@linkcode SETUP_TIMEOUT} together (`deadline`), and `ask` sends one,
+ * asked again while the stream has no leader (see
+ * {@linkcode whileLeaderless}; every set-up request is safe to repeat).
+ */
+export function setupRequests(
+  timeout: number,
+  signal: AbortSignal | undefined,
+): {
+  /** The whole set-up's time (ms), and when it ends. */
+  total: number;
+  deadline: number;
+  /** The longest single attempt (ms). */
+  attempt: number;
+  ask: <T>(request: (timeout: number) => Promise<T>) => Promise<T>;
+} {
+  const total = Math.max(timeout, SETUP_TIMEOUT);
+  const deadline = performance.now() + total;
+  const attempts = {
+    first: Math.max(timeout, SETUP_FIRST_ATTEMPT),
+    most: Math.min(total, Math.max(timeout, SETUP_ATTEMPT)),
+  };
+  return {
+    total,
+    deadline,
+    attempt: attempts.most,
+    ask: (request) => whileLeaderless(request, deadline, signal, attempts),
+  };
+}
+
+/**
+ * The JetStream manager set-up starts with (through `domain`'s API when
+ * given), or an Error saying that no server offers JetStream there.
+ */
+export async function setupJetStream(
+  nc: NatsConnection,
+  ask: <T>(request: (timeout: number) => Promise<T>) => Promise<T>,
+  domain: string | undefined,
+): Promise<JetStreamManager> {
+  try {
+    return await ask((timeout) =>
+      jetstreamManager(nc, {
+        timeout,
+        ...(domain === undefined ? {} : { domain }),
+      })
+    );
+  } catch (err) {
+    if (!isNoResponders(err)) throw err;
+    throw new Error(
+      `Cannot create lease manager as ${
+        domain === undefined
+          ? "the NATS server does not offer JetStream (start nats-server with -js, or enable JetStream for this account)"
+          : `no server answers for JetStream domain '${domain}' (check the domain name, and that the leaf node is connected to the server with that domain)`
+      }: ${errText(err)}`,
+      { cause: err },
+    );
   }
 }
 

@@ -26,19 +26,15 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import {
   jetstream,
-  type JetStreamManager,
   jetstreamManager,
   type StreamConfig,
 } from "@nats-io/jetstream";
 import {
-  isNoResponders,
   isStreamNotFound,
-  SETUP_ATTEMPT,
-  SETUP_FIRST_ATTEMPT,
-  whileLeaderless,
+  setupJetStream,
+  setupRequests,
   whileUnrouted,
 } from "./_nats.ts";
-import { errText } from "./errors.ts";
 import {
   fencedManagerOnPort,
   LAYOUT_KEY,
@@ -48,7 +44,6 @@ import {
 import type { Manager, ManagerSettings } from "./manager.ts";
 import { natsPort } from "./nats_port.ts";
 import { markersVersion, proveServers } from "./servers.ts";
-import { SETUP_TIMEOUT } from "./types.ts";
 import { abortReason } from "./_async.ts";
 
 /** What set-up of a stream's leases needs, its options resolved. */
@@ -142,14 +137,10 @@ export function streamRefusals(
  */
 export async function streamManager(o: StreamSetup): Promise<Manager> {
   const nc = o.nc;
-  const setupTimeout = Math.max(o.timeout, SETUP_TIMEOUT);
-  const setupDeadline = performance.now() + setupTimeout;
-  const attempt = Math.min(setupTimeout, Math.max(o.timeout, SETUP_ATTEMPT));
-  const ask = <T>(request: (timeout: number) => Promise<T>) =>
-    whileLeaderless(request, setupDeadline, o.signal, {
-      first: Math.max(o.timeout, SETUP_FIRST_ATTEMPT),
-      most: attempt,
-    });
+  const { total: setupTimeout, deadline: setupDeadline, ask } = setupRequests(
+    o.timeout,
+    o.signal,
+  );
   const version = nc.info?.version ?? "";
   // Below 2.11 a fenced append's check is ignored, below 2.11.2 a
   // session's entry expires without a marker (nats-server#6741).
@@ -160,20 +151,7 @@ export async function streamManager(o: StreamSetup): Promise<Manager> {
       }: leases in a stream need nats-server 2.11.2 or later (a check on another subject, and a per-message TTL that expires into a marker) on every server that holds it`,
     );
   }
-  let jsm: JetStreamManager;
-  try {
-    jsm = await ask((timeout) => jetstreamManager(nc, { timeout }));
-  } catch (err) {
-    if (isNoResponders(err)) {
-      throw new Error(
-        `Cannot create lease manager as the NATS server does not offer JetStream (start nats-server with -js, or enable JetStream for this account): ${
-          errText(err)
-        }`,
-        { cause: err },
-      );
-    }
-    throw err;
-  }
+  const jsm = await setupJetStream(nc, ask, undefined);
   let info;
   try {
     info = await ask(async (timeout) =>
