@@ -29,6 +29,7 @@ import {
   semaphore,
   type ShardLease,
   shards,
+  UnavailableError,
 } from "./mod.ts";
 import { atomicVersion, markersVersion } from "./lease/servers.ts";
 import { streamRefusals } from "./lease/stream.ts";
@@ -366,6 +367,28 @@ describe("leases in a stream of the user's", { skip: OLD }, () => {
       await a.m.close();
       await b.m.close();
       await nc2.close();
+    }
+  });
+
+  test("an append the server refuses for its own reason (a message over the stream's max_msg_size) says nothing was stored, and the lease goes on", async () => {
+    const s = await stream({ max_msg_size: 1024 });
+    const a = await s.open("a");
+    try {
+      await a.m.guard("o1", async (lease) => {
+        await assert.rejects(
+          lease.publish(`${s.name}.created`, "x".repeat(2000)),
+          (err: Error) => {
+            assert.ok(err instanceof UnavailableError, String(err));
+            assert.match(err.message, /refused by the server, and nothing/);
+            return true;
+          },
+        );
+        lease.throwIfLost();
+        assert.ok((await lease.publish(`${s.name}.created`, "small")) > 0);
+      });
+      assert.equal((await counts(jsm, s.name))[`${s.name}.created`], 1);
+    } finally {
+      await a.m.close();
     }
   });
 

@@ -345,6 +345,7 @@ import {
   type LinkChange,
   type Port,
   type RawEntry,
+  WriteRefused,
   type WriteResult,
 } from "./port.ts";
 import {
@@ -729,10 +730,9 @@ class HeldLease implements Lease {
       res = await send({ subject: f.subject, seq: this.epoch });
     } catch (err) {
       if (err instanceof RangeError || err instanceof TypeError) throw err;
-      // An error the server answered with (a JetStream API error) is not
-      // a lost reply: nothing of the write was stored.
-      const answered = err instanceof Error &&
-        err.name === "JetStreamApiError";
+      // An error the server answered with is not a lost reply: nothing
+      // of the write was stored.
+      const answered = err instanceof WriteRefused;
       throw new UnavailableError(
         this.key,
         answered

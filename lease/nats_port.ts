@@ -37,6 +37,7 @@ import {
   type LinkChange,
   type Port,
   type RawEntry,
+  WriteRefused,
   type WriteResult,
 } from "./port.ts";
 import {
@@ -479,6 +480,13 @@ export function natsPort(
     if (err instanceof BucketGone) throw err;
     return await gone(err);
   };
+  // A fenced write's error that the server answered (not the fence's
+  // conflict, which resolves): nothing was stored, which the manager says.
+  const answered = (err: unknown): never => {
+    throw err instanceof JetStreamApiError
+      ? new WriteRefused(err.message, { cause: err })
+      : err;
+  };
   const applied = (res: WriteResult) => "seq" in res;
   // A write through the shared reply subscription, behind the reply gate.
   const send = (
@@ -537,7 +545,7 @@ export function natsPort(
       if (req.msgId !== undefined) {
         h.headers.set(PubHeaders.MsgIdHdr, [req.msgId]);
       }
-      return send(req.subject, req.data, h, req.timeout);
+      return send(req.subject, req.data, h, req.timeout).catch(answered);
     },
     commit(req) {
       const n = req.writes.length;
@@ -600,7 +608,7 @@ export function natsPort(
             { cause: err },
           );
         }
-        return failed(err);
+        return failed(err).catch(answered);
       });
     },
     async serve(subject) {

@@ -134,6 +134,19 @@ export class BucketGone extends Error {
 }
 
 /**
+ * A fenced write or commit that the server answered with an error other
+ * than the fence's conflict (a batch refused, a limit): nothing of it was
+ * stored, unlike a write that got no answer.
+ */
+export class WriteRefused extends Error {
+  /** Makes the error. */
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "WriteRefused";
+  }
+}
+
+/**
  * Everything the protocol needs from the world. A write or read that gets no
  * answer (timeout, no responders, closed connection) rejects; one that finds
  * the bucket missing rejects with {@linkcode BucketGone}.

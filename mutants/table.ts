@@ -1053,6 +1053,16 @@ export const MUTANTS: readonly Mutant[] = [
       "lease publish fences its append by a subject that is not the key's tenure entry: every append is refused",
   },
   {
+    id: "FA9",
+    file: "lease/manager.ts",
+    find: `      const answered = err instanceof WriteRefused;`,
+    replace: `      const answered = false;`,
+    test: "lease_stream_test.ts",
+    name: "refuses for its own reason",
+    what:
+      "a fenced write the server refused is reported as unanswered, 'it may have been stored', though nothing was",
+  },
+  {
     id: "FS6",
     file: "lease/stream.ts",
     find: `  if (c.retention !== undefined && c.retention !== "limits") {`,
