@@ -393,7 +393,7 @@ describe("leases in a stream of the user's", { skip: OLD }, () => {
   });
 
   test(
-    "a commit of appends lands whole, a stale one is refused whole, and a stream without allow_atomic refuses commits before sending",
+    "a commit of appends lands whole, a stale one is refused whole, and a stream without allow_atomic refuses commits, storing nothing",
     {
       skip: NO_ATOMIC,
     },

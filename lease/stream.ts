@@ -200,8 +200,10 @@ export async function streamManager(o: StreamSetup): Promise<Manager> {
     timeout: o.timeout,
     checkAPI: false,
   });
-  const port = () => {
-    const p = natsPort(
+  // A stream without allow_atomic refuses a commit at its first message,
+  // which the port reports as a TypeError with nothing stored.
+  const port = () =>
+    natsPort(
       nc,
       jetstream(nc, { timeout: o.timeout }),
       opsJsm,
@@ -213,18 +215,6 @@ export async function streamManager(o: StreamSetup): Promise<Manager> {
       { pending: proof.pending, casCheck },
       true,
     );
-    if (info.config.allow_atomic !== true) {
-      // Refused before anything of the batch is sent; the server would
-      // refuse it too (10174), after the first message.
-      p.commit = () =>
-        Promise.reject(
-          new TypeError(
-            `Cannot commit as stream '${o.stream}' has no 'allow_atomic' (nats-server 2.12 or later): set it on the stream to commit batches`,
-          ),
-        );
-    }
-    return p;
-  };
   const subjects = streamLeaseSubjects(
     o.stream,
     o.leaseSubjects,
